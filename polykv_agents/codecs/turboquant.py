@@ -1,0 +1,76 @@
+"""TurboQuant-MSE (Zandieh et al. 2025): the paper's value codec.
+
+encode, per head vector ``x [head_dim]`` of ``[batch, kv_heads, tokens, head_dim]``:
+  norm = ||x|| (kept in fp16) -> u = x / norm -> y = u @ R * sqrt(head_dim), R a randomized
+  Hadamard rotation (seeded signs, then a normalised Hadamard), so the coordinates of y are close
+  to N(0, 1) -> each coordinate -> index of its nearest Lloyd–Max centroid of N(0, 1) -> bit-packed.
+decode: centroid lookup -> / sqrt(head_dim) -> @ R.T -> times the norm.
+
+Only the seed is stored; the rotation is rebuilt (and cached) from it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from polykv_agents.codecs.bitpack import pack_codes, unpack_codes
+from polykv_agents.codecs.encoded import EncodedTensor, dtype_name
+from polykv_agents.codecs.hadamard import random_rotation
+from polykv_agents.codecs.lloyd_max import codes_to_values, gaussian_lloyd_max, quantize_to_codes
+from polykv_agents.config import CodecConfig
+
+
+class TurboQuantCodec:
+    """Normalise, rotate, Lloyd–Max quantise at ``bits`` bits per coordinate."""
+
+    name = "turboquant"
+
+    def __init__(self, bits: int = 3, *, seed: int = 0, rotation: bool = True, random_signs: bool = True) -> None:
+        CodecConfig(method="turboquant", bits=bits, rotation=rotation, random_signs=random_signs)  # validates
+        self.bits = bits
+        self.seed = seed
+        self.rotation = rotation
+        self.random_signs = random_signs
+        self.centroids, self.boundaries = gaussian_lloyd_max(bits)
+
+    @classmethod
+    def from_params(cls, params: dict) -> TurboQuantCodec:
+        return cls(
+            bits=params["bits"], seed=params["seed"], rotation=params["rotation"], random_signs=params["random_signs"]
+        )
+
+    def _rotation(self, head_dim: int, device: torch.device) -> torch.Tensor | None:
+        if not self.rotation:
+            return None
+        return random_rotation(head_dim, self.seed, random_signs=self.random_signs, device=device)  # [d, d]
+
+    def encode(self, x: torch.Tensor) -> EncodedTensor:
+        if x.dim() != 4:
+            msg = f"expected a [batch, kv_heads, tokens, head_dim] tensor, got shape {tuple(x.shape)}"
+            raise ValueError(msg)
+        head_dim = x.shape[-1]
+        x32 = x.float()
+        norms = x32.norm(dim=-1, keepdim=True)  # [b, h, t, 1]
+        unit = x32 / norms.clamp_min(torch.finfo(torch.float32).tiny)
+        rotation = self._rotation(head_dim, x.device)
+        rotated = unit if rotation is None else unit @ rotation  # [b, h, t, d]
+        codes = quantize_to_codes(rotated * math.sqrt(head_dim), self.boundaries.to(x.device))
+        return EncodedTensor(
+            codec=self.name,
+            shape=tuple(x.shape),
+            dtype=dtype_name(x.dtype),
+            params={"bits": self.bits, "seed": self.seed, "rotation": self.rotation, "random_signs": self.random_signs},
+            tensors={"codes": pack_codes(codes, self.bits), "norms": norms.squeeze(-1).to(torch.float16)},
+        )
+
+    def decode(self, enc: EncodedTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        head_dim = enc.shape[-1]
+        packed = enc.tensors["codes"]
+        codes = unpack_codes(packed, self.bits, enc.numel).view(enc.shape)
+        rotated = codes_to_values(codes, self.centroids.to(packed.device)) / math.sqrt(head_dim)  # [b, h, t, d]
+        rotation = self._rotation(head_dim, packed.device)
+        unit = rotated if rotation is None else rotated @ rotation.T
+        out = unit * enc.tensors["norms"].float().unsqueeze(-1)
+        return out.to(dtype or enc.torch_dtype)

@@ -1,0 +1,69 @@
+"""Decoding settings and the pure per-step pieces: choosing the next token.
+
+``GenerationSettings`` is validated once per call; ``next_token`` turns one position's logits
+``[vocab]`` into a token id (greedy at temperature 0, else temperature + nucleus sampling from a
+seeded generator, so a seed reproduces a sample).
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class GenerationSettings(BaseModel):
+    """How one agent call decodes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_new_tokens: int = Field(default=256, ge=0)
+    """Upper bound on generated tokens; 0 returns an empty answer without running the model."""
+    temperature: float = Field(default=0.0, ge=0.0)
+    """0 means greedy decoding (deterministic)."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches ``top_p``."""
+    seed: int | None = None
+    """Seed of the sampling generator; ``None`` draws one from torch's global generator."""
+    stop: tuple[str, ...] = ()
+    """Stop sequences (may span several tokens); the answer ends before the first one."""
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_as_tuple(cls, value: object) -> object:
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            return (value,)
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _no_empty_stop(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any(s == "" for s in value):
+            msg = "stop sequences must be non-empty strings; remove the empty string from `stop`"
+            raise ValueError(msg)
+        return value
+
+    def make_generator(self) -> torch.Generator | None:
+        """A CPU generator for sampling, or ``None`` for greedy decoding."""
+        if self.temperature == 0.0:
+            return None
+        generator = torch.Generator()
+        if self.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(self.seed)
+        return generator
+
+
+def next_token(logits: torch.Tensor, settings: GenerationSettings, generator: torch.Generator | None) -> int:
+    """Pick the next token from ``logits [vocab]``."""
+    if settings.temperature == 0.0 or generator is None:
+        return int(logits.argmax())
+    probs = torch.softmax(logits.float() / settings.temperature, dim=-1).cpu()
+    if settings.top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True)
+        # Keep a token if the mass *before* it is still below top_p (so the top token always stays).
+        keep = (sorted_probs.cumsum(0) - sorted_probs) < settings.top_p
+        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_probs[keep])
+    return int(torch.multinomial(probs, 1, generator=generator))

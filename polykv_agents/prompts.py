@@ -1,0 +1,101 @@
+"""Turning documents and agent turns into text, so an agent's turns continue the pool's prefix.
+
+A pool's prefix is either a plain document (raw text, the perplexity protocol) or chat messages
+rendered with the model's chat template (typically a shared system message plus the document).
+An agent then adds its own role prompt (a system message) and question (a user message) as
+natural turns after that prefix, followed by the template's generation prompt.
+
+The continuation is found by rendering prefix + new turns and cutting off the rendered prefix, so
+any template that renders a conversation as a growing string works unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from transformers import PreTrainedTokenizerBase
+
+Message = Mapping[str, str]
+"""A chat message: ``{"role": "system" | "user" | "assistant" | "tool", "content": str}``."""
+
+DEFAULT_ROLE_PROMPT = "Answer the question using the document above. Be concise."
+
+
+def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def _render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message], *, generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(
+        [dict(m) for m in messages], tokenize=False, add_generation_prompt=generation_prompt
+    )
+
+
+def _fold_system_into_user(messages: Sequence[Message]) -> list[dict[str, str]]:
+    """For templates that reject a system role (or one after the first turn): prepend each system
+    message's text to the next user message instead."""
+    folded: list[dict[str, str]] = []
+    pending: list[str] = []
+    for message in messages:
+        if message["role"] == "system":
+            pending.append(message["content"])
+            continue
+        content = message["content"]
+        if pending and message["role"] == "user":
+            content = "\n\n".join([*pending, content])
+            pending = []
+        folded.append({"role": message["role"], "content": content})
+    if pending:
+        folded.append({"role": "user", "content": "\n\n".join(pending)})
+    return folded
+
+
+def render_messages(
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message], *, generation_prompt: bool = False
+) -> str:
+    """Render a whole conversation, folding system messages into user turns if the template
+    refuses them."""
+    try:
+        return _render(tokenizer, messages, generation_prompt=generation_prompt)
+    except Exception:  # jinja raises TemplateError / exceptions of the template's own making
+        return _render(tokenizer, _fold_system_into_user(messages), generation_prompt=generation_prompt)
+
+
+def render_continuation(
+    tokenizer: PreTrainedTokenizerBase,
+    prefix_messages: Sequence[Message] | None,
+    new_messages: Sequence[Message],
+) -> str:
+    """Text that continues a pool prefix with ``new_messages`` and the generation prompt.
+
+    Args:
+        prefix_messages: The chat messages the pool was built from, or ``None`` for a plain-text
+            document pool.
+        new_messages: The agent's turns (role prompt, question, ...).
+    """
+    if not has_chat_template(tokenizer):
+        turns = [
+            m["content"] if m["role"] == "system" else f"{m['role'].capitalize()}: {m['content']}"
+            for m in new_messages
+        ]
+        return "\n\n" + "\n".join(turns) + "\nAssistant:"
+    if prefix_messages is None:
+        # A plain document: the agent's turns start a conversation right after it.
+        return "\n\n" + render_messages(tokenizer, new_messages, generation_prompt=True)
+    prefix_text = render_messages(tokenizer, prefix_messages)
+    full_text = render_messages(tokenizer, [*prefix_messages, *new_messages], generation_prompt=True)
+    if not full_text.startswith(prefix_text):
+        msg = (
+            "This chat template renders the pool's messages differently once more turns follow, so "
+            "agent turns cannot continue the shared prefix. Build the pool from a plain-text document instead."
+        )
+        raise ValueError(msg)
+    return full_text[len(prefix_text) :]
+
+
+def agent_turns(system_prompt: str | None, question: str) -> list[dict[str, str]]:
+    """An agent's role prompt (as a system message) and its question."""
+    return [
+        {"role": "system", "content": system_prompt or DEFAULT_ROLE_PROMPT},
+        {"role": "user", "content": question},
+    ]

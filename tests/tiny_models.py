@@ -1,0 +1,61 @@
+"""Tiny random-initialised models and an in-memory tokenizer for fast tests (no downloads)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_TRAINING_TEXT = [
+    "The quick brown fox jumps over the lazy dog. Shared caches let many agents read one document.",
+    "Keys are quantised to eight bits; values use a rotated three-bit codebook. Planner, critic, summarizer.",
+    "0123456789 !?.,;:'\"()[]{}<>/\\|@#$%^&*-_=+~` abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ",
+]
+
+
+@functools.cache
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer (~300 tokens) with ChatML special tokens and template."""
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_TRAINING_TEXT, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def tiny_llama(*, head_dim: int = 16, num_layers: int = 2, seed: int = 0, vocab_size: int = 320) -> LlamaForCausalLM:
+    """A 2-layer GQA Llama with random weights."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=4 * head_dim,
+        intermediate_size=8 * head_dim,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=head_dim,
+        max_position_embeddings=1024,
+        bos_token_id=0,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = 2
+    return model

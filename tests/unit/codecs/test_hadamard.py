@@ -1,0 +1,137 @@
+"""Hadamard constructions and the seeded random rotation built on them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from polykv_agents.codecs.hadamard import (
+    hadamard_matrix,
+    has_hadamard,
+    random_rotation,
+    rotation_kind,
+)
+
+CONSTRUCTIBLE = [n for n in range(1, 257) if has_hadamard(n)]
+
+
+def _orthogonality_error(r: torch.Tensor) -> float:
+    eye = torch.eye(r.shape[0], dtype=r.dtype)
+    return max(float((r @ r.T - eye).abs().max()), float((r.T @ r - eye).abs().max()))
+
+
+def test_expected_orders_are_constructible() -> None:
+    for n in (1, 2, 4, 8, 12, 16, 20, 24, 28, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 256):
+        assert has_hadamard(n), n
+    # Odd orders, 2 mod 4, and orders that need prime-power Paley (52 = 2 * (25 + 1), 92).
+    for n in (0, -4, 3, 5, 6, 7, 10, 50, 52, 92, 100):
+        assert not has_hadamard(n), n
+    assert len(CONSTRUCTIBLE) >= 50
+
+
+@pytest.mark.parametrize("n", CONSTRUCTIBLE)
+def test_hadamard_property(n: int) -> None:
+    h = hadamard_matrix(n)
+    assert h.shape == (n, n)
+    assert h.dtype == torch.float64
+    assert bool(((h == 1) | (h == -1)).all())
+    assert torch.equal(h @ h.T, n * torch.eye(n, dtype=torch.float64))
+
+
+def test_hadamard_matrix_returns_a_copy() -> None:
+    h = hadamard_matrix(12)
+    h.zero_()
+    assert hadamard_matrix(12).abs().min() == 1
+
+
+@pytest.mark.parametrize("n", [0, 7, 52, 4097])
+def test_hadamard_matrix_rejects_unbuildable_orders(n: int) -> None:
+    with pytest.raises(ValueError, match=r"n must|no Hadamard"):
+        hadamard_matrix(n)
+
+
+HADAMARD_DIMS = [1, 12, 64, 80, 96, 112, 128]  # power-of-two and Paley x Sylvester orders
+HAAR_DIMS = [7, 50, 52]  # odd, 2 mod 4, and a prime-power Paley order: Haar fallback
+
+
+@pytest.mark.parametrize("dim", HADAMARD_DIMS + HAAR_DIMS)
+def test_random_rotation_is_orthogonal(dim: int) -> None:
+    kind = "hadamard" if dim in HADAMARD_DIMS else "haar"
+    assert rotation_kind(dim) == kind
+    r = random_rotation(dim, seed=3)
+    assert r.shape == (dim, dim)
+    assert r.dtype == torch.float32
+    assert _orthogonality_error(r) < 1e-5
+    x = torch.randn(5, dim, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose((x @ r) @ r.T, x, atol=1e-5)
+    if kind == "hadamard":
+        # Every entry is ±1/sqrt(dim): each output mixes all inputs with equal weight.
+        assert torch.allclose(r.abs(), torch.full_like(r, 1 / math.sqrt(dim)))
+
+
+@pytest.mark.parametrize("dim", [128, 96, 7])
+def test_random_rotation_is_deterministic_per_seed(dim: int) -> None:
+    a = random_rotation(dim, seed=11)
+    assert torch.equal(a, random_rotation(dim, seed=11))
+    assert not torch.equal(a, random_rotation(dim, seed=12))
+
+
+def test_random_rotation_structure_and_signs() -> None:
+    # R = diag(s) @ H.T / sqrt(dim): R / (H.T / sqrt(dim)) is constant along each row, = s_i.
+    dim = 96
+    plain = hadamard_matrix(dim).T / math.sqrt(dim)
+    r = random_rotation(dim, seed=5, dtype=torch.float64)
+    signs = (r / plain)[:, 0]
+    assert torch.equal(r, signs.unsqueeze(1) * plain)
+    assert bool((signs.abs() == 1).all())
+    assert 0 < int((signs < 0).sum()) < dim  # both signs occur
+    assert torch.equal(random_rotation(dim, seed=5, random_signs=False, dtype=torch.float64), plain)
+
+
+def test_random_rotation_dtype_device_and_copy() -> None:
+    r = random_rotation(16, seed=0, dtype=torch.float64, device="cpu")
+    assert r.dtype == torch.float64
+    assert r.device.type == "cpu"
+    r.zero_()  # must not corrupt the cache
+    assert _orthogonality_error(random_rotation(16, seed=0, dtype=torch.float64)) < 1e-12
+    assert random_rotation(16, seed=0, dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("dim", [128, 96])
+def test_random_signs_spread_a_shared_offset(dim: int) -> None:
+    """Without random signs, a shared offset lands in one coordinate; with them it spreads.
+
+    Real keys/values often share a large common component. Take x = 3 * ones(dim) + 0.1 * noise.
+    Row 0 of every Hadamard matrix built here is all ones, so the plain rotation H.T / sqrt(dim)
+    maps the offset onto coordinate 0 alone (y_0 = 3 sqrt(dim)): nearly all of ||y||² sits in one
+    coordinate, which a per-coordinate N(0, 1) quantiser then clips badly. Random signs first turn
+    the offset into a ±3 vector that is far from every Hadamard row, so its energy is spread over
+    all coordinates (the largest coordinate holds well under a fifth of it).
+    """
+    gen = torch.Generator().manual_seed(0)
+    x = 3.0 * torch.ones(64, dim) + 0.1 * torch.randn(64, dim, generator=gen)
+
+    def max_energy_share(y: torch.Tensor) -> torch.Tensor:
+        return y.square().amax(dim=-1) / y.square().sum(dim=-1)
+
+    plain = max_energy_share(x @ random_rotation(dim, seed=1, random_signs=False))
+    signed = max_energy_share(x @ random_rotation(dim, seed=1))
+    assert float(plain.min()) > 0.99
+    assert float(signed.max()) < 0.2
+
+
+def test_random_rotation_argument_errors() -> None:
+    with pytest.raises(ValueError, match="dim"):
+        random_rotation(0, seed=0)
+    with pytest.raises(ValueError, match="dim"):
+        random_rotation(4097, seed=0)
+    with pytest.raises(ValueError, match="seed"):
+        random_rotation(8, seed=-1)
+    with pytest.raises(ValueError, match="dtype"):
+        random_rotation(8, seed=0, dtype=torch.int32)
+    with pytest.raises(ValueError, match="random_signs"):
+        random_rotation(7, seed=0, random_signs=False)
+    with pytest.raises(ValueError, match="dim"):
+        rotation_kind(0)
