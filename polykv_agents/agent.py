@@ -80,7 +80,13 @@ class PooledAgent:
 
     @torch.inference_mode()
     def _forward(self, ids: torch.Tensor, cache, start_position: int) -> torch.Tensor:
-        logits = forward_with_cache(self.model, ids.to(self.model.device).unsqueeze(0), cache, start_position=start_position, logits_to_keep=1)
+        logits = forward_with_cache(
+            self.model,
+            ids.to(self.model.device).unsqueeze(0),
+            cache,
+            start_position=start_position,
+            logits_to_keep=1,
+        )
         return logits[0, -1]  # [vocab]
 
     def generate_ids(self, question: str, settings: GenerationSettings | None = None) -> Iterator[int]:

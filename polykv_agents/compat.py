@@ -81,9 +81,7 @@ def layer_key_values(cache: Cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return pairs
 
 
-def cache_from_key_values(
-    model: PreTrainedModel, key_values: list[tuple[torch.Tensor, torch.Tensor]]
-) -> DynamicCache:
+def cache_from_key_values(model: PreTrainedModel, key_values: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
     """A fresh ``DynamicCache`` holding ``key_values``; the cache's update concatenates, so the
     given tensors are never written to."""
     cache = new_dynamic_cache(model)

@@ -20,6 +20,7 @@ SUPPORTED_BITS: dict[str, tuple[int, ...]] = {
     "turboquant": (2, 3, 4),
     "none": (16,),
 }
+DEFAULT_BITS: dict[str, int] = {"int": 8, "turboquant": 3}
 
 
 class CodecConfig(BaseModel):
@@ -32,7 +33,7 @@ class CodecConfig(BaseModel):
     Lloyd–Max codebook; ``none``: stored as the model produced it (full precision)."""
 
     bits: int = 8
-    """Bits per stored coordinate. Ignored (reported as 16) for ``none``."""
+    """Bits per stored coordinate. Default 8 for ``int``, 3 for ``turboquant``; always 16 for ``none``."""
 
     granularity: KeyGranularity = "channel"
     """``int`` only: which elements share one scale. ``tensor``: one per layer tensor (the paper);
@@ -47,9 +48,13 @@ class CodecConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _default_bits_for_none(cls, data: object) -> object:
-        if isinstance(data, dict) and data.get("method") == "none":
-            return {**data, "bits": 16}
+    def _default_bits_per_method(cls, data: object) -> object:
+        if isinstance(data, dict):
+            method = data.get("method")
+            if method == "none":
+                return {**data, "bits": 16}
+            if "bits" not in data and method in DEFAULT_BITS:
+                return {**data, "bits": DEFAULT_BITS[method]}
         return data
 
     @model_validator(mode="after")

@@ -17,7 +17,8 @@ from polykv_agents.prompts import Message, has_chat_template, render_messages
 Document = str | bytes | Sequence[Message]
 
 
-def _as_text(document: str | bytes) -> str:
+def document_text(document: str | bytes) -> str:
+    """The document as text: UTF-8 bytes are decoded strictly, and empty text is refused."""
     if isinstance(document, bytes):
         try:
             document = document.decode("utf-8")
@@ -65,7 +66,7 @@ def tokenize_document(
         ValueError: empty, undecodable, or longer than the model's positions.
     """
     if isinstance(document, (str, bytes)):
-        text, messages, add_special = _as_text(document), None, True
+        text, messages, add_special = document_text(document), None, True
     else:
         messages = _check_messages(document)
         if not has_chat_template(tokenizer):

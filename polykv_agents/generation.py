@@ -60,7 +60,9 @@ def next_token(logits: torch.Tensor, settings: GenerationSettings, generator: to
     """Pick the next token from ``logits [vocab]``."""
     if settings.temperature == 0.0 or generator is None:
         return int(logits.argmax())
-    probs = torch.softmax(logits.float() / settings.temperature, dim=-1).cpu()
+    # Shift by the max first: dividing raw logits by a tiny temperature would overflow to inf/NaN.
+    logits = logits.float()
+    probs = torch.softmax((logits - logits.max()) / settings.temperature, dim=-1).cpu()
     if settings.top_p < 1.0:
         sorted_probs, order = probs.sort(descending=True)
         # Keep a token if the mass *before* it is still below top_p (so the top token always stays).

@@ -64,7 +64,10 @@ class MemoryReport(BaseModel):
             ("shared pool (compressed, measured)", self.pool_nbytes),
             ("1 uncompressed cache, fp16 (measured)", self.single_cache_fp16_nbytes),
             (f"1 uncompressed cache, {self.model_dtype} (measured)", self.single_cache_model_dtype_nbytes),
-            (f"{self.n_agents} separate caches, fp16 ({self.n_agents} x measured)", self.separate_fp16_nbytes),
+            (
+                f"{self.n_agents} separate caches, fp16 ({self.n_agents} x measured)",
+                self.separate_fp16_nbytes,
+            ),
             (
                 f"{self.n_agents} separate caches, {self.model_dtype} ({self.n_agents} x measured)",
                 self.separate_model_dtype_nbytes,

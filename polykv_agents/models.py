@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
 import logging
 import threading
 from collections.abc import Iterator
@@ -51,15 +52,22 @@ def embedded_model_file() -> Path:
 
 
 @contextlib.contextmanager
-def _quiet_hf_progress() -> Iterator[None]:
-    """GGUF de-quantisation prints a tqdm bar per load; our CLI shows its own progress instead."""
+def _quiet_progress_bars() -> Iterator[None]:
+    """Loading prints tqdm bars (the GGUF de-quantisation one ignores transformers' switch, so its
+    stderr is captured too); callers show their own progress instead. Captured text that is not a
+    progress bar is logged, so no warning is lost."""
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
+    captured = io.StringIO()
     try:
-        yield
+        with contextlib.redirect_stderr(captured):
+            yield
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
+        for line in captured.getvalue().replace("\r", "\n").splitlines():
+            if line.strip() and "it/s]" not in line and "s/it]" not in line:
+                logger.warning("%s", line)
 
 
 def _load_uncached(
@@ -71,7 +79,7 @@ def _load_uncached(
     else:
         source, kwargs = name_or_path, {"local_files_only": True}
     try:
-        with _quiet_hf_progress():
+        with _quiet_progress_bars():
             tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype or "auto", **kwargs)
     except ValueError as e:

@@ -1,8 +1,8 @@
 """SharedKVPool: a document's KV cache, prefilled once, compressed, read by any number of agents.
 
 Data flow of :meth:`SharedKVPool.prefill`:
-  document (text, or chat messages rendered with the chat template) -> token ids ``[1, T]``
-  -> model forward in chunks of ``chunk_size`` tokens into a ``DynamicCache``
+  document (text, or chat messages rendered with the chat template) -> token ids ``[T]``
+  -> chunked model forward into a ``DynamicCache`` (:mod:`polykv_agents.prefill`)
   -> per layer: keys ``[1, kv_heads, T, head_dim]`` through the key codec, values through the
      value codec -> one immutable pool of :class:`EncodedLayer` records.
 
@@ -22,19 +22,18 @@ from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import Cache
 
 from polykv_agents.codecs import EncodedTensor, build_codec, decode
-from polykv_agents.compat import cache_from_key_values, forward_with_cache, layer_key_values, new_dynamic_cache
+from polykv_agents.compat import cache_from_key_values, layer_key_values
 from polykv_agents.config import CompressionConfig
 from polykv_agents.documents import Document, tokenize_document
 from polykv_agents.fingerprint import ModelFingerprint, model_fingerprint
 from polykv_agents.memory import MemoryReport
+from polykv_agents.prefill import DEFAULT_CHUNK_SIZE, prefill_cache
 from polykv_agents.prompts import Message
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_CHUNK_SIZE = 512
-"""Prefill chunk length: bounds attention scores to ``[chunk, T]`` instead of ``[T, T]``."""
 
 
 @dataclass(frozen=True)
@@ -132,43 +131,45 @@ class SharedKVPool:
             ValueError: Empty document, or longer than the model's positions.
         """
         check_causal_lm(model)
-        if chunk_size < 1:
-            msg = f"chunk_size must be a positive number of tokens, got {chunk_size}"
-            raise ValueError(msg)
-        config = config or CompressionConfig()
         token_ids, prefix_messages = tokenize_document(model, tokenizer, document)  # [T]
-        fingerprint = model_fingerprint(model, tokenizer)
+        cache, _ = prefill_cache(model, token_ids, chunk_size=chunk_size, progress=progress)
+        return cls.from_cache(model, tokenizer, cache, token_ids, config=config, prefix_messages=prefix_messages)
+
+    @classmethod
+    def from_cache(
+        cls,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        cache: Cache,
+        token_ids: torch.Tensor,
+        *,
+        config: CompressionConfig | None = None,
+        prefix_messages: Sequence[Message] | None = None,
+    ) -> SharedKVPool:
+        """Compress a full-precision ``cache`` of ``token_ids [T]`` into a pool. The cache is only
+        read, so a caller can keep using it (the perplexity evaluation does)."""
+        config = config or CompressionConfig()
         key_codec = build_codec(config.keys, seed=config.seed)
         value_codec = build_codec(config.values, seed=config.seed + 1)  # independent rotation signs
-
-        device = model.device
-        ids = token_ids.to(device).unsqueeze(0)  # [1, T]
-        num_tokens = ids.shape[-1]
-        cache = new_dynamic_cache(model)
+        num_tokens = token_ids.numel()
+        layers, fp16_nbytes, model_dtype_nbytes = [], 0, 0
         with torch.inference_mode():
-            for start in range(0, num_tokens, chunk_size):
-                # logits_to_keep=1: a [T, vocab] logits tensor would dwarf the KV cache itself.
-                forward_with_cache(model, ids[:, start : start + chunk_size], cache, start_position=start, logits_to_keep=1)
-                if progress is not None:
-                    progress(min(start + chunk_size, num_tokens), num_tokens)
-
-            layers, fp16_nbytes, model_dtype_nbytes = [], 0, 0
             for keys, values in layer_key_values(cache):
                 if keys.shape[-2] != num_tokens:
                     msg = (
-                        f"a cache layer kept {keys.shape[-2]} of the document's {num_tokens} tokens (a sliding-window "
-                        "layer shorter than the document); shorten the document below the model's sliding window"
+                        f"a cache layer kept {keys.shape[-2]} of the document's {num_tokens} tokens (a "
+                        "sliding-window layer shorter than the document); shorten the document below the "
+                        "model's sliding window"
                     )
                     raise ValueError(msg)
                 model_dtype_nbytes += keys.nbytes + values.nbytes
                 fp16_nbytes += keys.to(torch.float16).nbytes + values.to(torch.float16).nbytes
                 layers.append(EncodedLayer(keys=key_codec.encode(keys), values=value_codec.encode(values)))
-            del cache
         pool = cls(
             layers=layers,
             token_ids=token_ids,
             config=config,
-            fingerprint=fingerprint,
+            fingerprint=model_fingerprint(model, tokenizer),
             prefix_messages=prefix_messages,
             fp16_nbytes=fp16_nbytes,
             model_dtype_nbytes=model_dtype_nbytes,
@@ -257,8 +258,5 @@ class SharedKVPool:
         device. The cache is the caller's own: writing to it never touches the pool."""
         return cache_from_key_values(
             model,
-            [
-                self.decompress_layer(i, dtype=model.dtype, device=model.device)
-                for i in range(self.num_layers)
-            ],
+            [self.decompress_layer(i, dtype=model.dtype, device=model.device) for i in range(self.num_layers)],
         )

@@ -75,8 +75,7 @@ def render_continuation(
     """
     if not has_chat_template(tokenizer):
         turns = [
-            m["content"] if m["role"] == "system" else f"{m['role'].capitalize()}: {m['content']}"
-            for m in new_messages
+            m["content"] if m["role"] == "system" else f"{m['role'].capitalize()}: {m['content']}" for m in new_messages
         ]
         return "\n\n" + "\n".join(turns) + "\nAssistant:"
     if prefix_messages is None:

@@ -27,9 +27,7 @@ class StopAwareDetokenizer:
         """True once a stop sequence appeared; later tokens are ignored."""
 
     def _text(self) -> str:
-        return self._tokenizer.decode(
-            self._token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
-        )
+        return self._tokenizer.decode(self._token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def _held_back(self, text: str) -> int:
         """Length of the longest suffix of ``text`` that starts some stop sequence."""

@@ -41,19 +41,23 @@ class IntLinearCodec:
             msg = f"expected a [batch, kv_heads, tokens, head_dim] tensor, got shape {tuple(x.shape)}"
             raise ValueError(msg)
         x32 = x.float()
-        amax = x32.abs().amax(dim=_REDUCED_DIMS[self.granularity], keepdim=True)
-        # The scale is rounded to fp16 *before* quantising, so decode uses exactly the scale that
-        # chose the integers. An all-zero group gets scale 1 (its integers are 0 anyway).
+        reduced = _REDUCED_DIMS[self.granularity]
+        if x32.numel():
+            amax = x32.abs().amax(dim=reduced, keepdim=True)
+        else:  # zero tokens: amax over an empty axis is undefined
+            amax = torch.zeros([1 if d in reduced else n for d, n in enumerate(x.shape)], device=x.device)
+        # The scale is fp16 and fixed *before* quantising, so decode uses exactly the scale that chose
+        # the integers. Rounding it up (never down, never to zero for a non-zero group) keeps every
+        # element within [-qmax, qmax] steps, so the error stays at most half a step.
         scale = (amax / self.qmax).to(torch.float16)
-        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+        too_small = scale.float() * self.qmax < amax
+        scale = torch.where(too_small, torch.nextafter(scale, torch.full_like(scale, torch.inf)), scale)
+        scale = torch.where(amax == 0, torch.ones_like(scale), scale)  # an all-zero group decodes to 0 anyway
         if not torch.isfinite(scale).all():
             msg = "key/value magnitudes overflow an fp16 scale; the model produced non-finite or huge activations"
             raise ValueError(msg)
         q = torch.round(x32 / scale.float()).clamp_(-self.qmax, self.qmax)
-        if self.bits == 8:
-            codes = q.to(torch.int8)
-        else:
-            codes = pack_codes((q + self.qmax).to(torch.uint8), self.bits)
+        codes = q.to(torch.int8) if self.bits == 8 else pack_codes((q + self.qmax).to(torch.uint8), self.bits)
         return EncodedTensor(
             codec=self.name,
             shape=tuple(x.shape),

@@ -31,9 +31,7 @@ def build_codec(config: CodecConfig, *, seed: int = 0) -> TensorCodec:
     if config.method == "int":
         return IntLinearCodec(bits=config.bits, granularity=config.granularity)
     if config.method == "turboquant":
-        return TurboQuantCodec(
-            bits=config.bits, seed=seed, rotation=config.rotation, random_signs=config.random_signs
-        )
+        return TurboQuantCodec(bits=config.bits, seed=seed, rotation=config.rotation, random_signs=config.random_signs)
     return FullPrecisionCodec()
 
 

@@ -38,7 +38,10 @@ class TurboQuantCodec:
     @classmethod
     def from_params(cls, params: dict) -> TurboQuantCodec:
         return cls(
-            bits=params["bits"], seed=params["seed"], rotation=params["rotation"], random_signs=params["random_signs"]
+            bits=params["bits"],
+            seed=params["seed"],
+            rotation=params["rotation"],
+            random_signs=params["random_signs"],
         )
 
     def _rotation(self, head_dim: int, device: torch.device) -> torch.Tensor | None:
@@ -53,6 +56,13 @@ class TurboQuantCodec:
         head_dim = x.shape[-1]
         x32 = x.float()
         norms = x32.norm(dim=-1, keepdim=True)  # [b, h, t, 1]
+        norms16 = norms.squeeze(-1).to(torch.float16)  # [b, h, t]: what decode will use
+        if not torch.isfinite(norms16).all():
+            msg = (
+                "a head vector's norm is non-finite or exceeds the fp16 range (65504); "
+                "the model produced non-finite or huge activations"
+            )
+            raise ValueError(msg)
         unit = x32 / norms.clamp_min(torch.finfo(torch.float32).tiny)
         rotation = self._rotation(head_dim, x.device)
         rotated = unit if rotation is None else unit @ rotation  # [b, h, t, d]
@@ -61,8 +71,13 @@ class TurboQuantCodec:
             codec=self.name,
             shape=tuple(x.shape),
             dtype=dtype_name(x.dtype),
-            params={"bits": self.bits, "seed": self.seed, "rotation": self.rotation, "random_signs": self.random_signs},
-            tensors={"codes": pack_codes(codes, self.bits), "norms": norms.squeeze(-1).to(torch.float16)},
+            params={
+                "bits": self.bits,
+                "seed": self.seed,
+                "rotation": self.rotation,
+                "random_signs": self.random_signs,
+            },
+            tensors={"codes": pack_codes(codes, self.bits), "norms": norms16},
         )
 
     def decode(self, enc: EncodedTensor, dtype: torch.dtype | None = None) -> torch.Tensor:

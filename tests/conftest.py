@@ -1,0 +1,40 @@
+"""Shared fixtures: tiny random models for fast tests, the real embedded model once per session."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/tiny_models.py
+
+from tiny_models import tiny_llama, tiny_tokenizer
+
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+@pytest.fixture(scope="session")
+def tiny_tok():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    return tiny_llama()
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    """The embedded SmolLM2-135M-Instruct (loaded once; about 20 s)."""
+    from polykv_agents import load_model
+
+    return load_model()
+
+
+@pytest.fixture(scope="session")
+def sample_document() -> str:
+    from importlib import resources
+
+    return resources.files("polykv_agents").joinpath("data/sample_document.md").read_text(encoding="utf-8")

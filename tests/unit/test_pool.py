@@ -1,0 +1,160 @@
+"""SharedKVPool on a tiny random Llama: sizes from tensors, immutability, fingerprint, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import tiny_llama
+from transformers import BertConfig, BertModel
+
+from polykv_agents import CodecConfig, CompressionConfig, PooledAgent, SharedKVPool
+from polykv_agents.compat import layer_key_values
+from polykv_agents.prefill import prefill_cache
+
+DOC = "Shared caches let many agents read one document. " * 12
+
+
+def test_nbytes_is_the_sum_of_stored_tensors(tiny_model, tiny_tok):
+    pool = SharedKVPool.prefill(tiny_model, tiny_tok, DOC)
+    stored = sum(t.nbytes for layer in pool.layers for enc in (layer.keys, layer.values) for t in enc.tensors.values())
+    assert pool.nbytes == stored
+    assert pool.num_layers == tiny_model.config.num_hidden_layers
+
+
+def test_fp16_and_model_dtype_bytes_are_measured_from_the_prefill_cache(tiny_model, tiny_tok):
+    pool = SharedKVPool.prefill(tiny_model, tiny_tok, DOC)
+    cache, _ = prefill_cache(tiny_model, pool.token_ids)
+    kv = layer_key_values(cache)
+    assert pool.model_dtype_nbytes == sum(k.nbytes + v.nbytes for k, v in kv)
+    assert pool.fp16_nbytes == sum(k.half().nbytes + v.half().nbytes for k, v in kv)
+    assert pool.compression_ratio == pytest.approx(pool.fp16_nbytes / pool.nbytes)
+
+
+def test_compressed_pool_is_smaller_than_fp16_and_full_precision_pool_is_not(tiny_model, tiny_tok):
+    compressed = SharedKVPool.prefill(tiny_model, tiny_tok, DOC)
+    full = SharedKVPool.prefill(tiny_model, tiny_tok, DOC, config=CompressionConfig.full_precision())
+    assert compressed.compression_ratio > 2.0
+    assert full.nbytes == full.model_dtype_nbytes  # stored exactly as produced (fp32 here)
+
+
+def test_pool_is_read_only_and_agents_never_write_it(tiny_model, tiny_tok):
+    for config in (CompressionConfig(), CompressionConfig.full_precision()):
+        pool = SharedKVPool.prefill(tiny_model, tiny_tok, DOC, config=config)
+        before = pool.tensor_checksum()
+        with pytest.raises(AttributeError, match="read-only"):
+            pool.config = CompressionConfig.paper()
+        for role in ("planner", "critic"):
+            PooledAgent(pool, tiny_model, tiny_tok, system_prompt=role).generate("Summarise.", max_new_tokens=5)
+        pool.to_cache(tiny_model).update(torch.zeros(1, 2, 1, 16), torch.zeros(1, 2, 1, 16), 0)
+        assert pool.tensor_checksum() == before
+
+
+def test_token_ids_property_returns_a_copy(tiny_model, tiny_tok):
+    pool = SharedKVPool.prefill(tiny_model, tiny_tok, DOC)
+    ids = pool.token_ids
+    ids.zero_()
+    assert pool.token_ids.sum() > 0
+
+
+def test_fingerprint_describes_the_model(tiny_model, tiny_tok):
+    fp = SharedKVPool.prefill(tiny_model, tiny_tok, DOC).fingerprint
+    assert (fp.architecture, fp.num_layers, fp.num_kv_heads, fp.head_dim, fp.dtype) == (
+        "LlamaForCausalLM",
+        2,
+        2,
+        16,
+        "float32",
+    )
+    assert fp.vocab_size == len(tiny_tok)
+
+
+def test_pool_refuses_a_different_model(tiny_model, tiny_tok):
+    pool = SharedKVPool.prefill(tiny_model, tiny_tok, DOC)
+    other_weights = tiny_llama(seed=1)  # same architecture, other weights
+    with pytest.raises(ValueError, match="weights_sha"):
+        PooledAgent(pool, other_weights, tiny_tok)
+    other_shape = tiny_llama(head_dim=32)
+    with pytest.raises(ValueError, match="head_dim"):
+        PooledAgent(pool, other_shape, tiny_tok)
+
+
+def test_digest_is_deterministic_and_depends_on_document_and_config(tiny_model, tiny_tok):
+    a = SharedKVPool.prefill(tiny_model, tiny_tok, DOC)
+    b = SharedKVPool.prefill(tiny_model, tiny_tok, DOC)
+    assert a.digest == b.digest and a.tensor_checksum() == b.tensor_checksum()
+    assert SharedKVPool.prefill(tiny_model, tiny_tok, DOC + " More.").digest != a.digest
+    assert SharedKVPool.prefill(tiny_model, tiny_tok, DOC, config=CompressionConfig.paper()).digest != a.digest
+
+
+def test_chunk_size_does_not_change_the_cache(tiny_model, tiny_tok):
+    full = CompressionConfig.full_precision()
+    one = SharedKVPool.prefill(tiny_model, tiny_tok, DOC, config=full, chunk_size=10_000)
+    chunked = SharedKVPool.prefill(tiny_model, tiny_tok, DOC, config=full, chunk_size=37)
+    for i in range(one.num_layers):
+        for x, y in zip(one.decompress_layer(i), chunked.decompress_layer(i), strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+
+
+def test_progress_callback_reports_every_chunk(tiny_model, tiny_tok):
+    seen = []
+    pool = SharedKVPool.prefill(tiny_model, tiny_tok, DOC, chunk_size=50, progress=lambda d, t: seen.append((d, t)))
+    assert seen[-1] == (pool.num_tokens, pool.num_tokens)
+    assert len(seen) == -(-pool.num_tokens // 50)
+
+
+def test_chat_messages_prefix_is_rendered_with_the_template(tiny_model, tiny_tok):
+    messages = [{"role": "system", "content": "Shared instructions."}, {"role": "user", "content": DOC}]
+    pool = SharedKVPool.prefill(tiny_model, tiny_tok, messages)
+    text = tiny_tok.decode(pool.token_ids)
+    assert text.startswith("<|im_start|>system\nShared instructions.<|im_end|>")
+    assert pool.prefix_messages[1]["content"] == DOC
+
+
+@pytest.mark.parametrize("head_dim", [80, 96, 112])
+def test_non_power_of_two_head_dim_models_work(tiny_tok, head_dim):
+    model = tiny_llama(head_dim=head_dim)
+    pool = SharedKVPool.prefill(model, tiny_tok, DOC)
+    keys, values = pool.decompress_layer(0)
+    cache, _ = prefill_cache(model, pool.token_ids)
+    ref_keys, ref_values = layer_key_values(cache)[0]
+    assert keys.shape == ref_keys.shape and keys.shape[-1] == head_dim
+    value_error = ((values - ref_values).norm(dim=-1) ** 2 / ref_values.norm(dim=-1) ** 2).mean()
+    assert value_error < 0.06  # 3-bit TurboQuant: about 0.035 on near-Gaussian data
+    PooledAgent(pool, model, tiny_tok).generate("Go on.", max_new_tokens=3)
+
+
+@pytest.mark.parametrize("document", ["", "   \n\t ", b"\xff\xfe not utf-8", []])
+def test_empty_or_undecodable_documents_are_refused(tiny_model, tiny_tok, document):
+    with pytest.raises(ValueError, match=r"empty|UTF-8"):
+        SharedKVPool.prefill(tiny_model, tiny_tok, document)
+
+
+def test_document_longer_than_the_model_is_refused(tiny_model, tiny_tok):
+    with pytest.raises(ValueError, match="at most 1024 positions"):
+        SharedKVPool.prefill(tiny_model, tiny_tok, "word " * 3000)
+
+
+def test_a_model_that_is_not_a_causal_lm_is_refused(tiny_tok):
+    encoder = BertModel(BertConfig(vocab_size=320, hidden_size=32, num_hidden_layers=1, num_attention_heads=2))
+    with pytest.raises(TypeError, match="not a causal language model"):
+        SharedKVPool.prefill(encoder, tiny_tok, DOC)
+
+
+def test_memory_report_scales_measured_single_copies(tiny_model, tiny_tok):
+    pool = SharedKVPool.prefill(tiny_model, tiny_tok, DOC)
+    report = pool.memory_report(15)
+    assert report.pool_nbytes == pool.nbytes
+    assert report.separate_fp16_nbytes == 15 * pool.fp16_nbytes
+    assert 0.9 < report.saving_vs_fp16 < 1.0
+    with pytest.raises(ValueError, match="n_agents"):
+        pool.memory_report(0)
+
+
+def test_other_configs_go_through_the_same_object(tiny_model, tiny_tok):
+    both_tq = CompressionConfig(keys=CodecConfig(method="turboquant", bits=4))
+    int8_values = CompressionConfig(values=CodecConfig(method="int", bits=8, granularity="token"))
+    sizes = {
+        c.label(): SharedKVPool.prefill(tiny_model, tiny_tok, DOC, config=c).nbytes
+        for c in (CompressionConfig(), both_tq, int8_values)
+    }
+    assert sizes["K:tq4 V:tq3"] < sizes["K:int8/channel V:tq3"] < sizes["K:int8/channel V:int8/token"]
