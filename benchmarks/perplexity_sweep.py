@@ -68,7 +68,8 @@ def main() -> None:
                 print(f"ctx={context} doc={doc_idx} {name}: delta={result.delta_pct:+.3f}%", flush=True)
 
     meta = {
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {torch.get_num_threads()} threads",
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip()
+        + f", {torch.get_num_threads()} threads",
         "torch": torch.__version__,
         "model": rows[0]["model_name"],
         "dtype": rows[0]["dtype"],
