@@ -58,7 +58,9 @@ def test_compressed_pool_measures_at_least_2_8x_smaller_than_fp16(compressed_poo
 def test_agents_answer_from_the_compressed_pool(smollm, compressed_pool):
     model, tokenizer = smollm
     before = compressed_pool.tensor_checksum()
-    agent = PooledAgent(compressed_pool, model, tokenizer, system_prompt="You are the risk officer. Be brief and list items.")
+    agent = PooledAgent(
+        compressed_pool, model, tokenizer, system_prompt="You are the risk officer. Be brief and list items."
+    )
     answer = agent.generate(QUESTION, max_new_tokens=64).lower()
     assert sum(word in answer for word in ("drought", "mains", "workforce")) >= 2, answer
     assert compressed_pool.tensor_checksum() == before

@@ -103,3 +103,22 @@ def test_generation_stops_at_the_models_last_position(tiny_model, tiny_tok):
     room = 1024 - pool.num_tokens - agent.prompt_ids(QUESTION).numel()
     assert 0 < room < 200
     assert len(list(agent.generate_ids(QUESTION))) <= room
+
+
+def test_many_threads_read_one_pool_at_once(tiny_model, tiny_tok):
+    """Write once, read many: concurrent agents get exactly their sequential answers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = SharedKVPool.prefill(tiny_model, tiny_tok, DOC)
+    checksum = pool.tensor_checksum()
+    roles = [f"You are agent {i}." for i in range(6)]
+    settings = GenerationSettings(max_new_tokens=12)
+
+    def answer(role: str) -> list[int]:
+        return list(PooledAgent(pool, tiny_model, tiny_tok, system_prompt=role).generate_ids(QUESTION, settings))
+
+    sequential = [answer(role) for role in roles]
+    with ThreadPoolExecutor(max_workers=6) as executor:
+        concurrent = list(executor.map(answer, roles))
+    assert concurrent == sequential
+    assert pool.tensor_checksum() == checksum

@@ -27,3 +27,13 @@ def test_a_checkpoint_that_is_not_a_causal_lm_is_refused(tmp_path, tiny_tok):
     tiny_tok.save_pretrained(tmp_path)
     with pytest.raises(TypeError, match="not a causal language model"):
         load_model(str(tmp_path))
+
+
+def test_a_local_checkpoint_loads_once_per_process(tmp_path, tiny_tok):
+    from tiny_models import tiny_llama
+
+    tiny_llama().save_pretrained(tmp_path)
+    tiny_tok.save_pretrained(tmp_path)
+    model, tokenizer = load_model(str(tmp_path))
+    assert model.config.num_hidden_layers == 2 and not model.training
+    assert load_model(str(tmp_path)) == (model, tokenizer)
