@@ -48,6 +48,17 @@ class EncodedLayer:
         return self.keys.nbytes + self.values.nbytes
 
 
+def pool_digest(
+    fingerprint: ModelFingerprint, config: CompressionConfig, token_ids: torch.Tensor, *, chat_prefix: bool
+) -> str:
+    """Content address of a pool: model fingerprint, config, prefix kind and token ids determine it,
+    so it can be computed before (and instead of) a prefill."""
+    header = {"fingerprint": fingerprint.model_dump(), "config": config.model_dump(), "chat_prefix": chat_prefix}
+    h = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
+    h.update(token_ids.detach().to("cpu", torch.int64).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 def check_causal_lm(model: object) -> None:
     """Raise a clear ``TypeError`` unless ``model`` is a Hugging Face model that can generate."""
     can_generate = getattr(model, "can_generate", None)
@@ -211,15 +222,7 @@ class SharedKVPool:
         return MemoryReport.for_pool(self, n_agents)
 
     def _compute_digest(self) -> str:
-        """Content address: fingerprint, config, prefix kind and token ids determine the pool."""
-        header = {
-            "fingerprint": self.fingerprint.model_dump(),
-            "config": self.config.model_dump(),
-            "chat_prefix": self.prefix_messages is not None,
-        }
-        h = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
-        h.update(self._token_ids.numpy().tobytes())
-        return h.hexdigest()
+        return pool_digest(self.fingerprint, self.config, self._token_ids, chat_prefix=self.prefix_messages is not None)
 
     def tensor_checksum(self) -> str:
         """SHA-256 over every stored tensor's bytes (proves the pool was never written)."""
