@@ -1,12 +1,8 @@
 """PooledAgent: answers questions from a SharedKVPool without re-reading the document.
 
-One call:
-  role prompt + question -> chat-template continuation of the pool's prefix -> suffix ids ``[n]``
-  -> a fresh cache of the agent's own, seeded from the decoded pool -> forward the suffix at
-  positions ``T .. T+n-1`` -> decode one token at a time -> text pieces, ending at EOS, at
-  ``max_new_tokens`` or before the first stop sequence.
-
-The pool is only read: every call decodes it into a cache owned by that call.
+An agent is a role prompt bound to a pool and a model: its question and role prompt become a
+chat-template continuation of the pool's prefix, and :mod:`polykv_agents.decoding` generates from
+there. The pool is only read: every call decodes it into a cache owned by that call.
 """
 
 from __future__ import annotations
@@ -17,24 +13,12 @@ from collections.abc import Iterator, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from polykv_agents.compat import forward_with_cache
-from polykv_agents.documents import max_positions
-from polykv_agents.generation import GenerationSettings, next_token
+from polykv_agents.decoding import encode_prompt, generate_text, generate_token_ids
+from polykv_agents.generation import GenerationSettings
 from polykv_agents.pool import SharedKVPool, check_causal_lm
-from polykv_agents.prompts import agent_turns, render_continuation
-from polykv_agents.text_stream import StopAwareDetokenizer
+from polykv_agents.prompts import agent_turns
 
 logger = logging.getLogger(__name__)
-
-
-def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
-    ids: set[int] = set()
-    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
-        if isinstance(source, int):
-            ids.add(source)
-        elif source is not None:
-            ids.update(source)
-    return frozenset(ids)
 
 
 class PooledAgent:
@@ -64,8 +48,6 @@ class PooledAgent:
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
         self.name = name or "agent"
-        self._eos_ids = _eos_token_ids(model, tokenizer)
-        self._max_positions = max_positions(model)
 
     def __repr__(self) -> str:
         return f"PooledAgent(name={self.name!r}, pool={self.pool.digest[:12]})"
@@ -75,50 +57,14 @@ class PooledAgent:
         if not isinstance(question, str) or not question.strip():
             msg = "the question is empty; pass the text the agent should answer"
             raise ValueError(msg)
-        text = render_continuation(self.tokenizer, self.pool.prefix_messages, agent_turns(self.system_prompt, question))
-        return self.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
-
-    @torch.inference_mode()
-    def _forward(self, ids: torch.Tensor, cache, start_position: int) -> torch.Tensor:
-        logits = forward_with_cache(
-            self.model,
-            ids.to(self.model.device).unsqueeze(0),
-            cache,
-            start_position=start_position,
-            logits_to_keep=1,
-        )
-        return logits[0, -1]  # [vocab]
+        return encode_prompt(self.tokenizer, agent_turns(self.system_prompt, question), pool=self.pool)
 
     def generate_ids(self, question: str, settings: GenerationSettings | None = None) -> Iterator[int]:
         """Generated token ids, one at a time (EOS excluded). Stop sequences are applied on text,
         by :meth:`stream`/:meth:`generate`, not here."""
-        settings = settings or GenerationSettings()
-        suffix = self.prompt_ids(question)  # [n]
-        start = self.pool.num_tokens
-        if self._max_positions is not None and start + suffix.numel() >= self._max_positions:
-            msg = (
-                f"the pool ({start} tokens) plus this prompt ({suffix.numel()} tokens) exceeds the model's "
-                f"{self._max_positions} positions; use a shorter document or question"
-            )
-            raise ValueError(msg)
-        if settings.max_new_tokens == 0:
-            return
-        budget = settings.max_new_tokens
-        if self._max_positions is not None:
-            budget = min(budget, self._max_positions - start - suffix.numel())
-        generator = settings.make_generator()
-        with torch.inference_mode():
-            cache = self.pool.to_cache(self.model)  # this call's own cache; the pool is never written
-        logits = self._forward(suffix, cache, start)
-        position = start + suffix.numel()
-        for step in range(budget):
-            token = next_token(logits, settings, generator)
-            if token in self._eos_ids:
-                return
-            yield token
-            if step + 1 < budget:
-                logits = self._forward(torch.tensor([token]), cache, position)
-                position += 1
+        return generate_token_ids(
+            self.model, self.tokenizer, self.prompt_ids(question), settings or GenerationSettings(), pool=self.pool
+        )
 
     def stream(
         self,
@@ -143,20 +89,7 @@ class PooledAgent:
         settings = GenerationSettings(
             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop
         )
-        detokenizer = StopAwareDetokenizer(self.tokenizer, settings.stop)
-        tokens = self.generate_ids(question, settings)
-        try:
-            for token in tokens:
-                piece = detokenizer.push(token)
-                if piece:
-                    yield piece
-                if detokenizer.stopped:
-                    return
-            tail = detokenizer.finish()
-            if tail:
-                yield tail
-        finally:
-            tokens.close()  # frees the call's cache at once when the consumer stops early
+        return generate_text(self.model, self.tokenizer, self.prompt_ids(question), settings, pool=self.pool)
 
     def generate(self, question: str, **kwargs) -> str:
         """The whole answer; same arguments as :meth:`stream`."""

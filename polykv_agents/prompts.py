@@ -61,6 +61,15 @@ def render_messages(
         return _render(tokenizer, _fold_system_into_user(messages), generation_prompt=generation_prompt)
 
 
+def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> str:
+    """A whole conversation ending in the generation prompt (no pool in front of it). Tokenizers
+    without a chat template get a plain ``User: ... / Assistant:`` format."""
+    if has_chat_template(tokenizer):
+        return render_messages(tokenizer, messages, generation_prompt=True)
+    turns = [m["content"] if m["role"] == "system" else f"{m['role'].capitalize()}: {m['content']}" for m in messages]
+    return "\n".join(turns) + "\nAssistant:"
+
+
 def render_continuation(
     tokenizer: PreTrainedTokenizerBase,
     prefix_messages: Sequence[Message] | None,
@@ -73,14 +82,9 @@ def render_continuation(
             document pool.
         new_messages: The agent's turns (role prompt, question, ...).
     """
-    if not has_chat_template(tokenizer):
-        turns = [
-            m["content"] if m["role"] == "system" else f"{m['role'].capitalize()}: {m['content']}" for m in new_messages
-        ]
-        return "\n\n" + "\n".join(turns) + "\nAssistant:"
-    if prefix_messages is None:
+    if prefix_messages is None or not has_chat_template(tokenizer):
         # A plain document: the agent's turns start a conversation right after it.
-        return "\n\n" + render_messages(tokenizer, new_messages, generation_prompt=True)
+        return "\n\n" + render_prompt(tokenizer, new_messages)
     prefix_text = render_messages(tokenizer, prefix_messages)
     full_text = render_messages(tokenizer, [*prefix_messages, *new_messages], generation_prompt=True)
     if not full_text.startswith(prefix_text):

@@ -1,0 +1,62 @@
+"""LangChain messages -> the ``{"role", "content"}`` dicts that chat templates render.
+
+System, human, AI and tool messages map to the ``system``, ``user``, ``assistant`` and ``tool``
+roles; a ``ChatMessage`` keeps its own role. Only text content is supported: content blocks of
+other kinds, and message types that have no chat-template role, raise a clear error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
+
+_ROLES: tuple[tuple[type[BaseMessage], str], ...] = (
+    (SystemMessage, "system"),
+    (HumanMessage, "user"),
+    (AIMessage, "assistant"),
+    (ToolMessage, "tool"),
+)
+
+
+def _text(message: BaseMessage) -> str:
+    content = message.content
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content:
+        if isinstance(block, str):
+            parts.append(block)
+        elif isinstance(block, dict) and block.get("type") == "text":
+            parts.append(block.get("text", ""))
+        else:
+            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+            msg = f"{type(message).__name__} has a {kind!r} content block; this chat model reads text only"
+            raise ValueError(msg)
+    return "".join(parts)
+
+
+def to_chat_messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
+    """Convert LangChain messages for :func:`polykv_agents.prompts.render_messages`.
+
+    Raises:
+        TypeError: A message type with no chat role (e.g. ``FunctionMessage``, ``RemoveMessage``).
+        ValueError: Non-text content, or no messages at all.
+    """
+    if not messages:
+        msg = "no messages to answer; pass at least one message"
+        raise ValueError(msg)
+    converted = []
+    for message in messages:
+        if isinstance(message, ChatMessage):
+            role = message.role
+        else:
+            role = next((name for cls, name in _ROLES if isinstance(message, cls)), None)
+        if role is None:
+            msg = (
+                f"unsupported message type {type(message).__name__}; use SystemMessage, HumanMessage, "
+                "AIMessage, ToolMessage or ChatMessage"
+            )
+            raise TypeError(msg)
+        converted.append({"role": role, "content": _text(message)})
+    return converted
