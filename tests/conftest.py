@@ -38,3 +38,12 @@ def sample_document() -> str:
     from importlib import resources
 
     return resources.files("polykv_agents").joinpath("data/sample_document.md").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """The tiny Llama and its tokenizer saved as a local checkpoint, for APIs that take a model name."""
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    tiny_llama().save_pretrained(directory)
+    tiny_tokenizer().save_pretrained(directory)
+    return str(directory)

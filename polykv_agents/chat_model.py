@@ -1,0 +1,194 @@
+"""ChatPolyKV: a LangChain chat model that answers from a shared, compressed document pool.
+
+One call:
+  LangChain messages -> chat-template turns that continue the pool's prefix (or a whole prompt,
+  without a pool) -> :mod:`polykv_agents.decoding` -> text chunks, then one last chunk that
+  carries usage metadata (``cache_read`` = tokens served from the pool) and response metadata.
+
+Constructing a chat model loads nothing. The first call loads the model through the process-wide
+model registry (:func:`polykv_agents.load_model`) and resolves the pool handle through the
+process-wide pool registry, so every role in a workflow shares one model and one pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LangSmithParams
+from langchain_core.language_models.chat_models import agenerate_from_stream, generate_from_stream
+from langchain_core.messages import AIMessageChunk, BaseMessage
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from pydantic import Field
+
+from polykv_agents.async_bridge import iterate_in_thread
+from polykv_agents.decoding import GenerationStats, encode_prompt, generate_text
+from polykv_agents.documents import Document
+from polykv_agents.generation import GenerationSettings
+from polykv_agents.handle import PoolHandle
+from polykv_agents.messages import to_chat_messages
+from polykv_agents.models import DEFAULT_MODEL, load_model
+from polykv_agents.pool import SharedKVPool
+from polykv_agents.registry import POOL_REGISTRY
+
+
+class ChatPolyKV(BaseChatModel):
+    """Local Hugging Face chat model whose calls skip the document prefill by reading a SharedKVPool.
+
+    Example:
+        .. code-block:: python
+
+            chat = ChatPolyKV(max_tokens=128)  # embedded SmolLM2-135M-Instruct, loads on first call
+            critic = chat.with_pool(handle)  # handle: a PoolHandle from the prefetch node
+            critic.invoke([SystemMessage("You are the critic."), HumanMessage("What is weakest?")])
+    """
+
+    model: str = DEFAULT_MODEL
+    """The embedded model's name, a local model directory, or a hub id already in the local cache."""
+
+    max_tokens: int = Field(default=256, ge=0)
+    """Upper bound on generated tokens per call."""
+
+    temperature: float = Field(default=0.0, ge=0.0)
+    """Sampling temperature; 0 decodes greedily (deterministic)."""
+
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass."""
+
+    seed: int | None = None
+    """Sampling seed, for reproducible samples."""
+
+    stop: list[str] | None = None
+    """Default stop sequences (multi-token strings allowed); a call's own ``stop`` replaces them."""
+
+    pool: PoolHandle | None = None
+    """The shared document pool calls read; ``None`` makes this a plain local chat model."""
+
+    pool_document: Document | None = Field(default=None, exclude=True, repr=False)
+    """The document the pool was built from: lets a pool that is neither in this process nor in its
+    store be rebuilt (deterministically) instead of failing."""
+
+    device: str = "cpu"
+    """Where the model runs: ``cpu``, ``cuda``, ..."""
+
+    @property
+    def _llm_type(self) -> str:
+        return "polykv"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "pool_digest": self.pool.digest if self.pool else None,
+        }
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_provider"] = "polykv"
+        params["ls_model_name"] = kwargs.get("model", self.model)
+        params["ls_temperature"] = kwargs.get("temperature", self.temperature)
+        params["ls_max_tokens"] = kwargs.get("max_tokens", self.max_tokens)
+        if stop or self.stop:
+            params["ls_stop"] = stop or self.stop
+        return params
+
+    def with_pool(self, pool: PoolHandle | SharedKVPool, *, document: Document | None = None) -> ChatPolyKV:
+        """A copy of this chat model that reads ``pool``.
+
+        Args:
+            pool: A handle (what LangGraph state holds) or a pool object, which is then put into the
+                process-wide pool registry.
+            document: The pool's document, so the pool can be rebuilt if this process has never
+                seen it and no store holds it (e.g. a checkpointed thread resumed elsewhere).
+        """
+        if isinstance(pool, SharedKVPool):
+            POOL_REGISTRY.put(pool)
+            pool = PoolHandle.from_pool(pool)
+        return self.model_copy(update={"pool": pool, "pool_document": document})
+
+    # ---------------------------------------------------------------- one call
+
+    def _settings(self, stop: list[str] | None, kwargs: dict[str, Any]) -> GenerationSettings:
+        return GenerationSettings(
+            max_new_tokens=kwargs.get("max_tokens", self.max_tokens),
+            temperature=kwargs.get("temperature", self.temperature),
+            top_p=kwargs.get("top_p", self.top_p),
+            seed=kwargs.get("seed", self.seed),
+            stop=stop if stop is not None else self.stop,
+        )
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        settings = self._settings(stop, kwargs)
+        model_name = kwargs.get("model", self.model)
+        model, tokenizer = load_model(model_name, device=self.device)
+        pool = None
+        if self.pool is not None:
+            pool = POOL_REGISTRY.resolve(self.pool, model, tokenizer, document=self.pool_document)
+        prompt_ids = encode_prompt(tokenizer, to_chat_messages(messages), pool=pool)
+        stats = GenerationStats(prompt_tokens=prompt_ids.numel(), cached_tokens=pool.num_tokens if pool else 0)
+        for piece in generate_text(model, tokenizer, prompt_ids, settings, pool=pool, stats=stats):
+            chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
+            if run_manager is not None:
+                run_manager.on_llm_new_token(piece, chunk=chunk)
+            yield chunk
+        yield self._final_chunk(stats, model_name, pool)
+
+    @staticmethod
+    def _final_chunk(stats: GenerationStats, model_name: str, pool: SharedKVPool | None) -> ChatGenerationChunk:
+        """The one chunk that carries usage and response metadata."""
+        usage = UsageMetadata(
+            input_tokens=stats.cached_tokens + stats.prompt_tokens,
+            output_tokens=stats.output_tokens,
+            total_tokens=stats.cached_tokens + stats.prompt_tokens + stats.output_tokens,
+            input_token_details={"cache_read": stats.cached_tokens},
+        )
+        metadata = {
+            "model_name": model_name,
+            "finish_reason": stats.finish_reason,
+            "pool_digest": pool.digest if pool is not None else None,
+        }
+        message = AIMessageChunk(content="", usage_metadata=usage, response_metadata=metadata, chunk_position="last")
+        return ChatGenerationChunk(message=message, generation_info={"finish_reason": stats.finish_reason})
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        return generate_from_stream(self._stream(messages, stop=stop, **kwargs))
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        # Decoding runs on a worker thread; the event loop only awaits chunks.
+        async for chunk in iterate_in_thread(lambda: self._stream(messages, stop=stop, **kwargs)):
+            if run_manager is not None and chunk.text:
+                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        return await agenerate_from_stream(self._astream(messages, stop=stop, **kwargs))

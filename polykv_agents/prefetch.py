@@ -1,0 +1,109 @@
+"""The LangGraph prefetch node: build the document's pool once per workflow run, then hand roles a
+chat model bound to it.
+
+Graph state holds the document text and, after this node, a :class:`PoolHandle` (a small pydantic
+model: digest, fingerprint, sizes, store location) — never tensors, so every checkpointer works.
+
+    prefetch = PrefetchDocument(ChatPolyKV(max_tokens=128), store="pools/")
+    builder.add_node("prefetch", prefetch)          # state["document"] -> state["pool"]
+
+    def critic(state):
+        chat = prefetch.pooled_chat(state)           # ChatPolyKV bound to this run's pool
+        return {"messages": [chat.invoke([SystemMessage(CRITIC), HumanMessage(...)])]}
+
+A pool with the same digest already in the process registry (or in the store) is reused, not
+rebuilt; a thread resumed in a fresh process reloads it from the store by digest, or rebuilds it
+deterministically from the document in state if the file is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from polykv_agents.chat_model import ChatPolyKV
+from polykv_agents.config import CompressionConfig
+from polykv_agents.handle import PoolHandle
+from polykv_agents.models import load_model
+from polykv_agents.registry import POOL_REGISTRY, PoolRegistry
+from polykv_agents.store import PoolStore
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SHARED_PROMPT = (
+    "You are one of several specialists who all read the document below. Answer from the document; "
+    "say so when it does not contain the answer."
+)
+
+
+class PrefetchDocument:
+    """A LangGraph node (a callable ``state -> update``) that prefetches and compresses the document.
+
+    Args:
+        chat: The chat model the roles use; its ``model`` and ``device`` build the pool.
+        config: Compression; ``None`` for the default.
+        store: A directory (or :class:`PoolStore`) where pools are saved by digest, so that resumed
+            threads find them in another process. ``None`` keeps pools in this process only.
+        shared_prompt: The system message that precedes the document in the shared prefix.
+        document_key: State key of the document text.
+        pool_key: State key the pool handle is written to.
+        registry: The pool registry (the process-wide one by default).
+    """
+
+    def __init__(
+        self,
+        chat: ChatPolyKV,
+        *,
+        config: CompressionConfig | None = None,
+        store: PoolStore | str | Path | None = None,
+        shared_prompt: str = DEFAULT_SHARED_PROMPT,
+        document_key: str = "document",
+        pool_key: str = "pool",
+        registry: PoolRegistry = POOL_REGISTRY,
+    ) -> None:
+        self.chat = chat
+        self.config = config or CompressionConfig()
+        self.store = store if isinstance(store, PoolStore) or store is None else PoolStore(store)
+        self.shared_prompt = shared_prompt
+        self.document_key = document_key
+        self.pool_key = pool_key
+        self.registry = registry
+        self.__name__ = "prefetch_document"  # LangGraph names a node after its callable
+
+    def document_messages(self, state: Mapping[str, Any]) -> list[dict[str, str]]:
+        """The shared prefix: the shared system prompt, then the document as a user turn."""
+        document = state.get(self.document_key)
+        if not isinstance(document, str) or not document.strip():
+            msg = (
+                f"state[{self.document_key!r}] must hold the document text before the prefetch node runs; "
+                f"got {type(document).__name__}"
+            )
+            raise ValueError(msg)
+        return [{"role": "system", "content": self.shared_prompt}, {"role": "user", "content": document}]
+
+    def __call__(self, state: Mapping[str, Any]) -> dict[str, PoolHandle]:
+        model, tokenizer = load_model(self.chat.model, device=self.chat.device)
+        pool = self.registry.get_or_build(
+            model, tokenizer, self.document_messages(state), config=self.config, store=self.store
+        )
+        store_dir = str(self.store.directory) if self.store is not None else None
+        return {self.pool_key: PoolHandle.from_pool(pool, store_dir=store_dir)}
+
+    def pooled_chat(self, state: Mapping[str, Any], chat: ChatPolyKV | None = None) -> ChatPolyKV:
+        """``chat`` (default: this node's chat model) bound to the pool in ``state``.
+
+        Raises:
+            ValueError: The prefetch node has not run yet in this workflow (no handle in state).
+        """
+        handle = state.get(self.pool_key)
+        if handle is None:
+            msg = (
+                f"state[{self.pool_key!r}] has no pool handle: a role node ran before the prefetch node. "
+                "Add an edge from the prefetch node to every role node."
+            )
+            raise ValueError(msg)
+        if isinstance(handle, Mapping):  # some serializers hand pydantic models back as dicts
+            handle = PoolHandle.model_validate(handle)
+        return (chat or self.chat).with_pool(handle, document=self.document_messages(state))

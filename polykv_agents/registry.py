@@ -1,0 +1,321 @@
+"""PoolRegistry: the pools of this process by digest, each prefilled at most once.
+
+LangGraph state holds a :class:`~polykv_agents.handle.PoolHandle`, never tensors; the pool itself
+lives here. Data flow of :meth:`PoolRegistry.get_or_build`:
+  document -> token ids and model fingerprint -> digest (no prefill needed to know it)
+  -> already registered? return it
+  -> else saved in the store? load it (:class:`~polykv_agents.store.PoolStore`)
+  -> else prefill it, save it to the store if one is given
+  -> register it and return it.
+:meth:`PoolRegistry.resolve` does the same from a handle, for a node that may run in a fresh process
+(a checkpointed thread resumed elsewhere): registry, then the handle's store, then a rebuild from the
+document, which is deterministic, so it reproduces the digest the handle names.
+
+Thread safety: one lock guards the dictionaries and is never held while loading or prefilling, so
+builds of different documents run concurrently. Concurrent requests for the same digest share one
+build: the first caller builds, the others wait on its future.
+
+:data:`POOL_REGISTRY` is the process-wide instance that graphs use.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, wait
+from typing import Any
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from polykv_agents.config import CompressionConfig
+from polykv_agents.documents import Document, tokenize_document
+from polykv_agents.fingerprint import ModelFingerprint, model_fingerprint
+from polykv_agents.handle import PoolHandle
+from polykv_agents.pool import SharedKVPool, check_causal_lm, pool_digest
+from polykv_agents.prefill import DEFAULT_CHUNK_SIZE
+from polykv_agents.store import PoolStore
+
+logger = logging.getLogger(__name__)
+
+
+class PoolNotFoundError(LookupError):
+    """A handle's pool is in neither this process's registry nor its store, and there is no document to rebuild it."""
+
+
+class PoolRegistry:
+    """Pools by digest, built (or loaded) at most once each, shared by every thread of the process.
+
+    Use the process-wide :data:`POOL_REGISTRY`; separate instances are for tests and for simulating a
+    fresh process. A registry keeps its pools until :meth:`discard` or :meth:`clear`.
+
+    It assumes a model's weights are not changed in place while pools built from it are in use: model
+    fingerprints are cached per (model, tokenizer), because computing one sorts the whole vocabulary.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._pools: dict[str, SharedKVPool] = {}
+        self._in_flight: dict[str, Future[SharedKVPool]] = {}
+        self._build_count = 0
+        self._builds_by_digest: dict[str, int] = {}
+        # model -> tokenizer -> (cheap staleness key, fingerprint); weak keys so the cache keeps nothing alive.
+        self._fingerprints: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, tuple]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def __repr__(self) -> str:
+        return f"PoolRegistry(pools={len(self)}, builds={self.build_count})"
+
+    # ---------------------------------------------------------------- the dictionary
+
+    def get(self, digest: str) -> SharedKVPool | None:
+        """The registered pool ``digest``, or ``None``."""
+        with self._lock:
+            return self._pools.get(digest)
+
+    def put(self, pool: SharedKVPool) -> None:
+        """Register ``pool`` under its digest (replacing a pool with the same digest, which holds the same data)."""
+        if not isinstance(pool, SharedKVPool):
+            msg = f"pool must be a SharedKVPool, got {type(pool).__name__}; build one with SharedKVPool.prefill(...)"
+            raise TypeError(msg)
+        with self._lock:
+            self._pools[pool.digest] = pool
+
+    def discard(self, digest: str) -> None:
+        """Forget pool ``digest`` (freeing its memory once no agent holds it); nothing happens if it is unknown."""
+        with self._lock:
+            self._pools.pop(digest, None)
+
+    def clear(self) -> None:
+        """Forget every pool and reset the build counts. Builds still in flight register their pool when done."""
+        with self._lock:
+            self._pools.clear()
+            self._build_count = 0
+            self._builds_by_digest.clear()
+
+    def __contains__(self, digest: object) -> bool:
+        with self._lock:
+            return digest in self._pools
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._pools)
+
+    @property
+    def build_count(self) -> int:
+        """Prefills this registry has performed (loads from a store are not builds)."""
+        with self._lock:
+            return self._build_count
+
+    @property
+    def builds_by_digest(self) -> dict[str, int]:
+        """Prefills performed per pool digest (a copy)."""
+        with self._lock:
+            return dict(self._builds_by_digest)
+
+    # ---------------------------------------------------------------- building
+
+    def get_or_build(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        document: Document,
+        *,
+        config: CompressionConfig | None = None,
+        store: PoolStore | None = None,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+    ) -> SharedKVPool:
+        """The pool of ``document``: registered, else loaded from ``store``, else prefilled (and saved to ``store``).
+
+        Args:
+            model: A Hugging Face causal LM (see :func:`polykv_agents.load_model`).
+            tokenizer: Its tokenizer.
+            document: Plain text, or chat messages rendered with the chat template.
+            config: Compression; ``None`` for the default.
+            store: Where to look for a saved copy and to save a new build; ``None``: memory only.
+            chunk_size: Tokens per forward pass during prefill.
+
+        Raises:
+            TypeError: ``model`` is not a causal LM.
+            ValueError: Empty document, or longer than the model's positions.
+            PoolFileError: The store's file for this pool is corrupted or of another format version
+                (the message says to delete it or rebuild).
+        """
+        check_causal_lm(model)
+        config = CompressionConfig() if config is None else config
+        digest = self._digest(model, tokenizer, document, config)
+
+        def build() -> SharedKVPool:
+            return self._prefill(digest, model, tokenizer, document, config=config, store=store, chunk_size=chunk_size)
+
+        return self._load_or_build(digest, store, build)
+
+    def resolve(
+        self,
+        handle: PoolHandle | Mapping[str, Any],
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        document: Document | None = None,
+    ) -> SharedKVPool:
+        """The pool ``handle`` names: registered, else loaded from ``handle.store_dir``, else rebuilt from ``document``.
+
+        Args:
+            handle: A :class:`PoolHandle`, or its fields as a dict (what a strict LangGraph checkpoint
+                serializer returns).
+            model: The model the pool was built with (checked against the handle's fingerprint).
+            tokenizer: Its tokenizer.
+            document: The document the pool was built from; only read when the pool must be rebuilt.
+
+        Raises:
+            ValueError: ``model`` is not the model the pool was built with, or ``document`` is not the
+                document it was built from.
+            PoolFileError: The saved file is corrupted or of another format version.
+            PoolNotFoundError: The pool is nowhere to be found and no document was given.
+        """
+        handle = PoolHandle.model_validate(handle)
+        check_causal_lm(model)
+        # Before anything else: with another model, a rebuild would give another digest and a misleading
+        # "wrong document" error.
+        problems = handle.fingerprint.mismatches(self._fingerprint(model, tokenizer))
+        if problems:
+            msg = (
+                f"This pool was built with model {handle.fingerprint.name!r} and cannot be read with "
+                f"{getattr(model.config, 'name_or_path', type(model).__name__)!r} ({'; '.join(problems)}). "
+                "Build a new pool with this model, or load the model the pool was built with."
+            )
+            raise ValueError(msg)
+        pool = self.get(handle.digest)
+        if pool is not None:
+            return pool
+        store = None if handle.store_dir is None else PoolStore(handle.store_dir)
+        if document is None:
+            return self._load_or_build(handle.digest, store, None)
+
+        def build() -> SharedKVPool:
+            digest = self._digest(model, tokenizer, document, handle.config)
+            if digest != handle.digest:
+                msg = (
+                    f"the document given to rebuild pool {handle.digest[:12]}... is not the one it was built from "
+                    f"(it gives pool {digest[:12]}...); pass the document that was in the graph state when the "
+                    "pool was built"
+                )
+                raise ValueError(msg)
+            return self._prefill(digest, model, tokenizer, document, config=handle.config, store=store)
+
+        return self._load_or_build(handle.digest, store, build)
+
+    # ---------------------------------------------------------------- internals
+
+    def _fingerprint(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> ModelFingerprint:
+        # A moved or re-cast embedding, or added tokens, change this key; in-place weight edits do not
+        # (see the class docstring).
+        staleness_key = (model.dtype, model.get_input_embeddings().weight.data_ptr(), len(tokenizer))
+        with self._lock:
+            cached = self._fingerprints.get(model, {}).get(tokenizer)
+        if cached is not None and cached[0] == staleness_key:
+            return cached[1]
+        fingerprint = model_fingerprint(model, tokenizer)
+        with self._lock:
+            self._fingerprints.setdefault(model, weakref.WeakKeyDictionary())[tokenizer] = (staleness_key, fingerprint)
+        return fingerprint
+
+    def _digest(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        document: Document,
+        config: CompressionConfig,
+    ) -> str:
+        token_ids, messages = tokenize_document(model, tokenizer, document)  # [T]
+        return pool_digest(self._fingerprint(model, tokenizer), config, token_ids, chat_prefix=messages is not None)
+
+    def _load_or_build(
+        self, digest: str, store: PoolStore | None, build: Callable[[], SharedKVPool] | None
+    ) -> SharedKVPool:
+        """Registry, then ``store``, then ``build`` (``None``: nothing to build from), at most once per digest."""
+
+        def produce() -> SharedKVPool:
+            if store is not None:
+                try:
+                    return store.load(digest)
+                except FileNotFoundError:  # no saved copy: build one
+                    pass
+            if build is None:
+                where = "no store was given" if store is None else f"no saved copy is in {store.directory}"
+                msg = (
+                    f"pool {digest[:12]}... is unknown in this process, {where}, and no document was given to "
+                    "rebuild it; run the prefetch node (which builds the pool) first, or pass document= to resolve()"
+                )
+                raise PoolNotFoundError(msg)
+            return build()
+
+        return self._single_flight(digest, produce)
+
+    def _single_flight(self, digest: str, produce: Callable[[], SharedKVPool]) -> SharedKVPool:
+        """Run ``produce`` for ``digest`` in one thread at a time; callers arriving meanwhile wait for its result.
+
+        When the running call fails, each waiter tries again with its own ``produce``: the failure may be
+        the first caller's own (no document to rebuild from, the wrong document), not theirs.
+        """
+        while True:
+            with self._lock:
+                pool = self._pools.get(digest)
+                if pool is not None:
+                    return pool
+                future = self._in_flight.get(digest)
+                if future is None:
+                    future = self._in_flight[digest] = Future()
+                    break  # this caller produces
+            wait([future])
+            if future.exception() is None:
+                return future.result()
+        try:
+            pool = produce()
+        except BaseException as e:
+            with self._lock:
+                del self._in_flight[digest]
+            future.set_exception(e)
+            raise
+        with self._lock:
+            self._pools[pool.digest] = pool
+            del self._in_flight[digest]
+        future.set_result(pool)
+        return pool
+
+    def _prefill(
+        self,
+        digest: str,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        document: Document,
+        *,
+        config: CompressionConfig,
+        store: PoolStore | None,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+    ) -> SharedKVPool:
+        pool = SharedKVPool.prefill(model, tokenizer, document, config=config, chunk_size=chunk_size)
+        with self._lock:
+            self._build_count += 1
+            self._builds_by_digest[pool.digest] = self._builds_by_digest.get(pool.digest, 0) + 1
+        if pool.digest != digest:
+            # Only a stale cached fingerprint (weights changed in place) gets here; forget it.
+            with self._lock:
+                self._fingerprints.pop(model, None)
+            logger.warning("model %s changed since it was fingerprinted; pool registered under its new digest", model)
+        if store is not None:
+            try:
+                store.save(pool)
+            except OSError as e:
+                # The pool is built and registered; only its saved copy is missing, and a resumed thread can
+                # still rebuild it from the document.
+                warnings.warn(f"could not save pool {pool.digest[:12]}... to {store.directory}: {e}", stacklevel=7)
+        return pool
+
+
+POOL_REGISTRY = PoolRegistry()
+"""The process-wide registry of pools (a documented, deliberate piece of module-level state): graph nodes
+build pools into it with ``get_or_build`` and read them back from handles with ``resolve``."""

@@ -1,0 +1,129 @@
+"""ChatPolyKV glue on a tiny local checkpoint: usage metadata, streaming, stops, async, pools."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from langchain_core.messages import AIMessageChunk, FunctionMessage, HumanMessage, SystemMessage
+
+from polykv_agents import SharedKVPool, load_model
+from polykv_agents import models as models_module
+from polykv_agents.chat_model import ChatPolyKV
+from polykv_agents.handle import PoolHandle
+from polykv_agents.registry import POOL_REGISTRY
+
+DOC = "Shared caches let many agents read one document. Values use a rotated three-bit codebook. " * 6
+MESSAGES = [SystemMessage("You are the critic."), HumanMessage("What do values use?")]
+
+
+@pytest.fixture
+def chat(tiny_model_dir) -> ChatPolyKV:
+    return ChatPolyKV(model=tiny_model_dir, max_tokens=12)
+
+
+@pytest.fixture
+def pool(tiny_model_dir) -> SharedKVPool:
+    model, tokenizer = load_model(tiny_model_dir)
+    return SharedKVPool.prefill(model, tokenizer, [{"role": "user", "content": DOC}])
+
+
+def test_constructing_loads_nothing(monkeypatch):
+    monkeypatch.setattr(models_module, "_load_uncached", lambda *a, **k: pytest.fail("a model was loaded"))
+    ChatPolyKV(model="some/never-loaded-model", max_tokens=5).with_pool(
+        PoolHandle.model_construct(digest="0" * 64)  # a handle is only resolved at call time
+    )
+
+
+def test_usage_reports_the_pool_tokens_as_cache_read(chat, pool):
+    message = chat.with_pool(pool).invoke(MESSAGES)
+    usage = message.usage_metadata
+    assert usage["input_token_details"]["cache_read"] == pool.num_tokens
+    assert usage["input_tokens"] > pool.num_tokens
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    assert 0 < usage["output_tokens"] <= 12
+    assert message.response_metadata["pool_digest"] == pool.digest
+    assert message.response_metadata["model_name"] == chat.model
+
+
+def test_without_a_pool_it_is_a_plain_chat_model(chat):
+    message = chat.invoke(MESSAGES)
+    assert message.usage_metadata["input_token_details"]["cache_read"] == 0
+    assert message.response_metadata["pool_digest"] is None
+
+
+def test_pooled_call_equals_plain_call_over_the_whole_prompt(chat, tiny_model_dir):
+    """A full-precision pool of a chat prefix + the role turns = the same conversation without a pool."""
+    from polykv_agents import CompressionConfig
+
+    model, tokenizer = load_model(tiny_model_dir)
+    prefix = [{"role": "user", "content": DOC}]
+    full = SharedKVPool.prefill(model, tokenizer, prefix, config=CompressionConfig.full_precision())
+    pooled = chat.with_pool(full).invoke(MESSAGES).content
+    plain = chat.invoke([HumanMessage(DOC), *MESSAGES]).content
+    assert pooled == plain
+
+
+def test_streaming_puts_usage_on_exactly_one_chunk_and_matches_invoke(chat, pool):
+    pooled = chat.with_pool(pool)
+    chunks = list(pooled.stream(MESSAGES))
+    assert all(isinstance(c, AIMessageChunk) for c in chunks)
+    assert sum(c.usage_metadata is not None for c in chunks) == 1
+    assert "".join(c.content for c in chunks) == pooled.invoke(MESSAGES).content
+
+
+def test_multi_token_stop_sequences_work_streaming_and_not(chat, pool):
+    pooled = chat.with_pool(pool).bind(max_tokens=40)
+    free = pooled.invoke(MESSAGES).content
+    stop = free[6:10]
+    expected = free[: free.index(stop)]
+    assert pooled.invoke(MESSAGES, stop=[stop]).content == expected
+    assert "".join(c.content for c in pooled.stream(MESSAGES, stop=[stop])) == expected
+
+
+def test_with_pool_registers_a_pool_object(chat, pool):
+    bound = chat.with_pool(pool)
+    assert bound.pool.digest == pool.digest and POOL_REGISTRY.get(pool.digest) is pool
+    assert chat.pool is None  # with_pool returns a copy
+
+
+def test_unknown_message_types_are_a_clear_error(chat):
+    with pytest.raises(TypeError, match="unsupported message type FunctionMessage"):
+        chat.invoke([FunctionMessage(content="x", name="f")])
+
+
+async def test_astream_does_not_block_the_event_loop(chat, pool):
+    ticks = 0
+    done = asyncio.Event()
+
+    async def ticker():
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    pieces = [c.content async for c in chat.with_pool(pool).bind(max_tokens=30).astream(MESSAGES)]
+    done.set()
+    await task
+    assert len(pieces) > 2
+    assert ticks > len(pieces)  # the loop kept running while tokens were decoded on a worker thread
+
+
+async def test_cancelling_a_stream_stops_its_decode_thread(chat, pool):
+    before = {t.ident for t in threading.enumerate()}
+    stream = chat.with_pool(pool).bind(max_tokens=200).astream(MESSAGES)
+    await stream.__anext__()
+    await stream.aclose()
+    for _ in range(200):
+        if not [t for t in threading.enumerate() if t.name == "polykv-decode" and t.ident not in before]:
+            break
+        await asyncio.sleep(0.05)
+    assert not [t for t in threading.enumerate() if t.name == "polykv-decode" and t.ident not in before]
+
+
+async def test_abatch_answers_each_input(chat, pool):
+    results = await chat.with_pool(pool).abatch([[HumanMessage("One?")], [HumanMessage("Two?")]])
+    assert len(results) == 2
+    assert all(r.usage_metadata["input_token_details"]["cache_read"] == pool.num_tokens for r in results)
