@@ -12,7 +12,6 @@ A call never writes the pool: it decodes it into a cache that only this call hol
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -20,34 +19,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.compat import forward_with_cache, new_dynamic_cache
 from polykv_agents.documents import max_positions
-from polykv_agents.generation import GenerationSettings, next_token
+from polykv_agents.generation import GenerationSettings, GenerationStats, eos_token_ids, next_token
 from polykv_agents.pool import SharedKVPool
 from polykv_agents.prompts import Message, render_continuation, render_prompt
+from polykv_agents.runtime.scheduler import scheduler_for
 from polykv_agents.text_stream import StopAwareDetokenizer
-
-
-@dataclass
-class GenerationStats:
-    """What one call used, filled in as it runs (the chat model's usage metadata)."""
-
-    prompt_tokens: int
-    """New tokens run through the model for this call (role prompt, question, ...)."""
-    cached_tokens: int
-    """Tokens served from the pool instead of being prefilled again."""
-    output_tokens: int = 0
-    finish_reason: Literal["stop", "length"] | None = None
-    """``stop``: EOS or a stop sequence; ``length``: the token budget ran out."""
-
-
-def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
-    """Every id that ends a turn: the generation config's EOS ids and the tokenizer's."""
-    ids: set[int] = set()
-    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
-        if isinstance(source, int):
-            ids.add(source)
-        elif source is not None:
-            ids.update(source)
-    return frozenset(ids)
 
 
 def encode_prompt(
@@ -71,6 +47,43 @@ def _forward_last(model: PreTrainedModel, ids: torch.Tensor, cache, start_positi
     return logits[0, -1]  # [vocab]
 
 
+Runtime = Literal["decompressed", "compressed", "private"]
+"""How a pooled call reads the pool. ``decompressed`` / ``compressed``: through the batched
+scheduler over one shared prefix (kept decoded, or decoded per layer on the fly). ``private``: the
+reference design, the whole pool decoded into a cache of the call's own (a baseline for benchmarks)."""
+
+
+def _token_budget(model: PreTrainedModel, start: int, prompt_ids: torch.Tensor, settings: GenerationSettings) -> int:
+    limit = max_positions(model)
+    if limit is None:
+        return settings.max_new_tokens
+    if start + prompt_ids.numel() >= limit:
+        msg = (
+            f"the pool ({start} tokens) plus this prompt ({prompt_ids.numel()} tokens) exceeds the model's "
+            f"{limit} positions; use a shorter document or prompt"
+        )
+        raise ValueError(msg)
+    return min(settings.max_new_tokens, limit - start - prompt_ids.numel())
+
+
+def _private_cache_tokens(model, tokenizer, cache, start: int, prompt_ids, settings, budget, stats) -> Iterator[int]:
+    """The one-sequence loop over a cache this call owns."""
+    eos_ids = eos_token_ids(model, tokenizer)
+    generator = settings.make_generator()
+    logits = _forward_last(model, prompt_ids, cache, start)
+    position = start + prompt_ids.numel()
+    for step in range(budget):
+        token = next_token(logits, settings, generator)
+        if token in eos_ids:
+            stats.finish_reason = "stop"
+            return
+        yield token
+        if step + 1 < budget:
+            logits = _forward_last(model, torch.tensor([token]), cache, position)
+            position += 1
+    stats.finish_reason = "length"
+
+
 def generate_token_ids(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -79,47 +92,34 @@ def generate_token_ids(
     *,
     pool: SharedKVPool | None = None,
     stats: GenerationStats | None = None,
+    runtime: Runtime = "decompressed",
 ) -> Iterator[int]:
     """Generated token ids (EOS excluded). Stop sequences act on text: see :func:`generate_text`.
+
+    With a pool, the call joins the pool's batched scheduler (unless ``runtime="private"``); without
+    one, it decodes alone over an empty cache.
 
     Raises:
         ValueError: The pool plus the prompt do not fit in the model's positions.
     """
+    stats = stats or GenerationStats(prompt_tokens=prompt_ids.numel(), cached_tokens=pool.num_tokens if pool else 0)
     start = pool.num_tokens if pool is not None else 0
-    limit = max_positions(model)
-    if limit is not None and start + prompt_ids.numel() >= limit:
-        msg = (
-            f"the pool ({start} tokens) plus this prompt ({prompt_ids.numel()} tokens) exceeds the model's "
-            f"{limit} positions; use a shorter document or prompt"
-        )
-        raise ValueError(msg)
-    budget = settings.max_new_tokens
-    if limit is not None:
-        budget = min(budget, limit - start - prompt_ids.numel())
+    budget = _token_budget(model, start, prompt_ids, settings)
     if budget == 0:
-        if stats is not None:
-            stats.finish_reason = "length"
-        return
-    eos_ids = eos_token_ids(model, tokenizer)
-    generator = settings.make_generator()
-    with torch.inference_mode():
-        cache = pool.to_cache(model) if pool is not None else new_dynamic_cache(model)
-    logits = _forward_last(model, prompt_ids, cache, start)
-    position = start + prompt_ids.numel()
-    for step in range(budget):
-        token = next_token(logits, settings, generator)
-        if token in eos_ids:
-            if stats is not None:
-                stats.finish_reason = "stop"
-            return
-        if stats is not None:
-            stats.output_tokens += 1
-        yield token
-        if step + 1 < budget:
-            logits = _forward_last(model, torch.tensor([token]), cache, position)
-            position += 1
-    if stats is not None:
         stats.finish_reason = "length"
+        return
+    if pool is not None and runtime != "private":
+        tokens = scheduler_for(model, tokenizer, pool, runtime).submit(prompt_ids, settings, stats, budget)
+    else:
+        with torch.inference_mode():
+            cache = pool.to_cache(model) if pool is not None else new_dynamic_cache(model)
+        tokens = _private_cache_tokens(model, tokenizer, cache, start, prompt_ids, settings, budget, stats)
+    try:
+        for token in tokens:
+            stats.output_tokens += 1
+            yield token
+    finally:
+        tokens.close()  # cancels a scheduled request / frees a private cache at once
 
 
 def generate_text(
@@ -130,6 +130,7 @@ def generate_text(
     *,
     pool: SharedKVPool | None = None,
     stats: GenerationStats | None = None,
+    runtime: Runtime = "decompressed",
 ) -> Iterator[str]:
     """Text pieces as they are decoded, ending before the first stop sequence.
 
@@ -137,7 +138,7 @@ def generate_text(
     token loop too, which frees the call's cache at once.
     """
     detokenizer = StopAwareDetokenizer(tokenizer, settings.stop)
-    tokens = generate_token_ids(model, tokenizer, prompt_ids, settings, pool=pool, stats=stats)
+    tokens = generate_token_ids(model, tokenizer, prompt_ids, settings, pool=pool, stats=stats, runtime=runtime)
     try:
         for token in tokens:
             piece = detokenizer.push(token)

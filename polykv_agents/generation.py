@@ -7,8 +7,12 @@ seeded generator, so a seed reproduces a sample).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 class GenerationSettings(BaseModel):
@@ -69,3 +73,27 @@ def next_token(logits: torch.Tensor, settings: GenerationSettings, generator: to
         keep = (sorted_probs.cumsum(0) - sorted_probs) < settings.top_p
         probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_probs[keep])
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+@dataclass
+class GenerationStats:
+    """What one call used, filled in as it runs (the chat model's usage metadata)."""
+
+    prompt_tokens: int
+    """New tokens run through the model for this call (role prompt, question, ...)."""
+    cached_tokens: int
+    """Tokens served from the pool instead of being prefilled again."""
+    output_tokens: int = 0
+    finish_reason: Literal["stop", "length"] | None = None
+    """``stop``: EOS or a stop sequence; ``length``: the token budget ran out."""
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """Every id that ends a turn: the generation config's EOS ids and the tokenizer's."""
+    ids: set[int] = set()
+    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source is not None:
+            ids.update(source)
+    return frozenset(ids)

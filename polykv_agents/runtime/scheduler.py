@@ -1,0 +1,245 @@
+"""Batched decoding of concurrent agents over one shared prefix.
+
+Requests arrive from any thread (LangGraph ``Send`` branches, ``batch``/``abatch``, plain
+threads). One worker thread per (model, pool, residency) owns the model's forward passes and runs:
+
+  loop:
+    admit new requests: prefill each one's prompt on top of the shared prefix (a one-row
+      SuffixCache, cascade attention), sample its first token, append the row to the batch
+    drop rows that finished or were cancelled
+    one decode step for the whole batch: last tokens ``[B, 1]`` at positions ``T + lengths``,
+      cascade attention (prefix read once for all rows), each row sampled with its own settings
+
+Each request owns its sampling settings, token budget and generator; stop strings are applied by
+the consumer on text, which then closes its iterator, which cancels the request: the row is freed
+at the next step boundary while the others go on.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import queue
+import threading
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from polykv_agents.generation import GenerationSettings, GenerationStats, eos_token_ids, next_token
+from polykv_agents.pool import SharedKVPool
+from polykv_agents.runtime.cascade_attention import CascadeContext, enable_cascade_attention
+from polykv_agents.runtime.shared_prefix import Residency, SharedPrefix
+from polykv_agents.runtime.suffix_cache import SuffixCache
+
+logger = logging.getLogger(__name__)
+
+_END = object()
+
+
+@dataclass(eq=False)
+class _Request:
+    prompt_ids: torch.Tensor  # [n]
+    settings: GenerationSettings
+    budget: int
+    stats: GenerationStats
+    generator: torch.Generator | None
+    out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    produced: int = 0
+    last_token: int = -1
+
+    def finish(self, reason: str) -> None:
+        self.stats.finish_reason = reason  # type: ignore[assignment]
+        self.out.put(_END)
+
+
+class BatchScheduler:
+    """Gathers concurrent requests over one pool into one batched forward pass per step.
+
+    Args:
+        model: The model (switched to cascade attention; ordinary calls still run SDPA).
+        tokenizer: Its tokenizer (for EOS ids).
+        pool: The shared document pool.
+        residency: Whether the prefix is kept decoded (fast) or compressed (smallest).
+        max_batch_size: Rows decoded together; further requests wait for a free row.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        pool: SharedKVPool,
+        *,
+        residency: Residency = "decompressed",
+        max_batch_size: int = 32,
+    ) -> None:
+        enable_cascade_attention(model)
+        self.model = model
+        self.prefix = SharedPrefix(pool, model, residency)
+        self.max_batch_size = max_batch_size
+        self._eos_ids = eos_token_ids(model, tokenizer)
+        self._num_layers = pool.num_layers
+        self._inbox: queue.SimpleQueue[_Request] = queue.SimpleQueue()
+        self._wake = threading.Condition()
+        self._rows: list[_Request] = []
+        self._cache = SuffixCache(self._num_layers, 0)
+        self._closed = False
+        self.peak_batch_size = 0
+        self.peak_suffix_nbytes = 0
+        self._thread = threading.Thread(target=self._run, name="polykv-scheduler", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- client side
+
+    def submit(self, prompt_ids: torch.Tensor, settings: GenerationSettings, stats: GenerationStats, budget: int):
+        """Queue a request; returns an iterator of its token ids. Closing the iterator cancels it."""
+        request = _Request(prompt_ids, settings, budget, stats, settings.make_generator())
+        with self._wake:
+            self._inbox.put(request)
+            self._wake.notify()
+        return self._tokens(request)
+
+    @staticmethod
+    def _tokens(request: _Request) -> Iterator[int]:
+        try:
+            while True:
+                item = request.out.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            request.cancelled.set()
+
+    # ---------------------------------------------------------------- worker side
+
+    def close(self) -> None:
+        """Stop the worker thread after its current step (requests still queued are ended)."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._rows and self._inbox.empty() and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    break
+            try:
+                self._admit()
+                self._drop_finished()
+                if self._rows:
+                    self._decode_step()
+                    self._drop_finished()
+            except Exception as e:  # a failed forward must not hang the callers
+                logger.exception("batched decode step failed")
+                for request in self._rows:
+                    request.out.put(e)
+                self._rows, self._cache = [], SuffixCache(self._num_layers, 0)
+        for request in self._rows:
+            request.finish("stop")
+        while not self._inbox.empty():
+            self._inbox.get_nowait().finish("stop")
+
+    def _emit(self, request: _Request, logits: torch.Tensor) -> None:
+        """Sample one token for ``request`` and deliver it, or finish the request."""
+        token = next_token(logits, request.settings, request.generator)
+        if token in self._eos_ids:
+            request.finish("stop")
+            return
+        request.produced += 1
+        request.last_token = token
+        request.out.put(token)
+        if request.produced >= request.budget:
+            request.finish("length")
+
+    def _forward(self, ids: torch.Tensor, cache: SuffixCache) -> torch.Tensor:
+        """Forward ``ids [B, q]`` for the rows of ``cache``; returns last-position logits ``[B, vocab]``."""
+        q_len = ids.shape[-1]
+        positions = self.prefix.num_tokens + cache.lengths.view(-1, 1) + torch.arange(q_len)  # [B, q]
+        context = CascadeContext(self.prefix, cache.lengths.clone())
+        with torch.inference_mode():
+            logits = self.model(
+                input_ids=ids.to(self.model.device),
+                position_ids=positions.to(self.model.device),
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+                cascade=context,
+            ).logits
+        cache.advance(q_len)
+        return logits[:, -1]
+
+    def _admit(self) -> None:
+        while len(self._rows) < self.max_batch_size:
+            try:
+                request = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if request.cancelled.is_set():
+                request.finish("stop")
+                continue
+            if request.budget == 0:
+                request.finish("length")
+                continue
+            row_cache = SuffixCache(self._num_layers, 1)
+            logits = self._forward(request.prompt_ids.view(1, -1), row_cache)
+            self._emit(request, logits[0])
+            if request.stats.finish_reason is None:
+                self._cache.concat(row_cache)
+                self._rows.append(request)
+                self.peak_batch_size = max(self.peak_batch_size, len(self._rows))
+
+    def _drop_finished(self) -> None:
+        keep = [i for i, r in enumerate(self._rows) if r.stats.finish_reason is None and not r.cancelled.is_set()]
+        if len(keep) == len(self._rows):
+            return
+        for i, request in enumerate(self._rows):
+            if i not in keep and request.stats.finish_reason is None:
+                request.finish("stop")  # cancelled by its consumer
+        self._rows = [self._rows[i] for i in keep]
+        self._cache.select(torch.tensor(keep, dtype=torch.long))
+
+    def _decode_step(self) -> None:
+        ids = torch.tensor([[r.last_token] for r in self._rows])  # [B, 1]
+        logits = self._forward(ids, self._cache)
+        self.peak_suffix_nbytes = max(self.peak_suffix_nbytes, self._cache.nbytes)
+        for row, request in enumerate(self._rows):
+            self._emit(request, logits[row])
+
+
+# The documented process-wide registry of schedulers: model -> {(pool digest, residency): scheduler}.
+_SCHEDULERS: weakref.WeakKeyDictionary[PreTrainedModel, dict[tuple[str, str], BatchScheduler]] = (
+    weakref.WeakKeyDictionary()
+)
+_SCHEDULERS_LOCK = threading.Lock()
+
+
+@atexit.register
+def close_all_schedulers() -> None:
+    """Stop every worker thread; runs at interpreter exit, where a thread still inside torch would abort
+    the process instead of letting it exit cleanly."""
+    with _SCHEDULERS_LOCK:
+        schedulers = [s for per_model in _SCHEDULERS.values() for s in per_model.values()]
+        _SCHEDULERS.clear()
+    for scheduler in schedulers:
+        scheduler.close()
+
+
+def scheduler_for(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pool: SharedKVPool, residency: Residency
+) -> BatchScheduler:
+    """The one scheduler that batches every request over ``pool`` on ``model``."""
+    key = (pool.digest, residency)
+    with _SCHEDULERS_LOCK:
+        per_model = _SCHEDULERS.setdefault(model, {})
+        if key not in per_model:
+            per_model[key] = BatchScheduler(model, tokenizer, pool, residency=residency)
+        return per_model[key]

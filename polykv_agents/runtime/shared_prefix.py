@@ -1,0 +1,56 @@
+"""The document prefix as every concurrent agent reads it at run time: one copy, never per agent.
+
+Residency is a choice between speed and memory, measured in benchmarks/agents.py:
+
+- ``decompressed``: every layer is decoded from the pool once, in the model's dtype, and kept. All
+  agents read those tensors; nothing is copied per agent or per step.
+- ``compressed``: only the pool stays resident; a layer is decoded when attention needs it and
+  dropped right after, so at most one decoded layer exists at a time, whatever the agent count.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from transformers import PreTrainedModel
+
+from polykv_agents.pool import SharedKVPool
+
+Residency = Literal["decompressed", "compressed"]
+
+
+class SharedPrefix:
+    """Read-only per-layer prefix keys and values ``[1, kv_heads, T, head_dim]`` for a pool."""
+
+    def __init__(self, pool: SharedKVPool, model: PreTrainedModel, residency: Residency = "decompressed") -> None:
+        if residency not in ("decompressed", "compressed"):
+            msg = f"residency must be 'decompressed' or 'compressed', got {residency!r}"
+            raise ValueError(msg)
+        self.pool = pool
+        self.residency: Residency = residency
+        self.dtype = model.dtype
+        self.device = model.device
+        self._layers: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
+        if residency == "decompressed":
+            with torch.inference_mode():
+                self._layers = tuple(
+                    pool.decompress_layer(i, dtype=self.dtype, device=self.device) for i in range(pool.num_layers)
+                )
+
+    @property
+    def num_tokens(self) -> int:
+        return self.pool.num_tokens
+
+    @property
+    def resident_nbytes(self) -> int:
+        """Bytes held for the prefix besides the pool itself (0 when kept compressed)."""
+        if self._layers is None:
+            return 0
+        return sum(k.nbytes + v.nbytes for k, v in self._layers)
+
+    def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of one layer; callers only read them."""
+        if self._layers is not None:
+            return self._layers[layer_idx]
+        return self.pool.decompress_layer(layer_idx, dtype=self.dtype, device=self.device)

@@ -1,0 +1,114 @@
+"""The per-agent half of the runtime's KV cache: each agent's own tokens, batched, never the prefix.
+
+A :class:`SuffixCache` holds, per layer, keys and values ``[B, kv_heads, capacity, head_dim]``:
+row r's first ``lengths[r]`` positions are agent r's suffix (its role prompt, question and
+generated tokens). A forward writes this step's ``q`` new tokens of every row at its own offset;
+:meth:`advance` then commits them. Rows join (:meth:`concat`) and leave (:meth:`select`) between
+steps. The shared prefix is never stored here: cascade attention reads it from the SharedPrefix.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+class _SuffixLayer(CacheLayerMixin):
+    """One layer's padded suffix keys/values."""
+
+    is_sliding = False
+
+    def __init__(self, owner: SuffixCache) -> None:
+        super().__init__()
+        self._owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        batch, kv_heads, _, head_dim = key_states.shape
+        shape = (batch, kv_heads, self._owner.capacity, head_dim)
+        self.keys = key_states.new_zeros(shape)
+        self.values = value_states.new_zeros(shape)
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Write ``[B, KVH, q, D]`` at each row's offset; return keys/values up to the longest row."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        q_len = key_states.shape[-2]
+        lengths = self._owner.lengths
+        needed = int(lengths.max()) + q_len
+        if needed > self.keys.shape[-2]:
+            self._grow(needed)
+        # index [B, 1, q, 1] of each new token's slot in its own row
+        slots = (lengths.view(-1, 1) + torch.arange(q_len)).to(self.keys.device)
+        index = slots.view(-1, 1, q_len, 1).expand(-1, key_states.shape[1], -1, key_states.shape[-1])
+        self.keys.scatter_(2, index, key_states)
+        self.values.scatter_(2, index, value_states)
+        return self.keys[:, :, :needed], self.values[:, :, :needed]
+
+    def _grow(self, needed: int) -> None:
+        capacity = max(needed, 2 * self.keys.shape[-2])
+        pad = capacity - self.keys.shape[-2]
+        self.keys = torch.nn.functional.pad(self.keys, (0, 0, 0, pad))
+        self.values = torch.nn.functional.pad(self.values, (0, 0, 0, pad))
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return int(self._owner.lengths.max()) + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return int(self._owner.lengths.max()) if self._owner.lengths.numel() else 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class SuffixCache(Cache):
+    """Batched per-agent suffixes for all decoder layers."""
+
+    def __init__(self, num_layers: int, batch_size: int, *, capacity: int = 64) -> None:
+        self.capacity = capacity
+        self.lengths = torch.zeros(batch_size, dtype=torch.long)  # [B] committed tokens per row
+        super().__init__(layers=[_SuffixLayer(self) for _ in range(num_layers)])
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.lengths.numel())
+
+    def advance(self, q_len: int) -> None:
+        """Commit the ``q_len`` tokens the last forward wrote to every row."""
+        self.lengths += q_len
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated for all rows' suffixes (padding and spare capacity included)."""
+        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers if layer.is_initialized)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` (a long tensor of row indices), in that order."""
+        self.lengths = self.lengths[rows]
+        for layer in self.layers:
+            if layer.is_initialized:
+                index = rows.to(layer.keys.device)
+                layer.keys, layer.values = layer.keys[index], layer.values[index]
+
+    def concat(self, other: SuffixCache) -> None:
+        """Append ``other``'s rows after this cache's rows."""
+        width = max(self._width(), other._width())
+        for mine, theirs in zip(self.layers, other.layers, strict=True):
+            if not theirs.is_initialized:
+                continue
+            if not mine.is_initialized:
+                mine.keys, mine.values = theirs.keys[:0], theirs.values[:0]  # no rows yet
+                mine.device, mine.is_initialized = theirs.device, True
+            mine.keys = torch.cat([_fit(mine.keys, width), _fit(theirs.keys, width)])
+            mine.values = torch.cat([_fit(mine.values, width), _fit(theirs.values, width)])
+        self.lengths = torch.cat([self.lengths, other.lengths])
+
+    def _width(self) -> int:
+        initialized = [layer.keys.shape[-2] for layer in self.layers if layer.is_initialized]
+        return max(initialized, default=self.capacity)
+
+
+def _fit(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """Pad (or keep) dimension 2 to ``width`` positions."""
+    return torch.nn.functional.pad(tensor, (0, 0, 0, width - tensor.shape[-2]))
