@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from polykv_agents.decoding import encode_prompt, generate_text, generate_token_ids
+from polykv_agents.decoding import Runtime, encode_prompt, generate_text, generate_token_ids
 from polykv_agents.generation import GenerationSettings
 from polykv_agents.pool import SharedKVPool, check_causal_lm
 from polykv_agents.prompts import agent_turns
@@ -30,6 +30,9 @@ class PooledAgent:
         tokenizer: Its tokenizer.
         system_prompt: The agent's role prompt, sent as a system message after the pool's prefix.
         name: A label for logs and reports.
+        runtime: ``decompressed`` (default) or ``compressed``: concurrent calls over this pool are
+            batched over one shared prefix, kept decoded or decoded per layer on the fly;
+            ``private``: the reference design, one decoded copy of the pool per call.
     """
 
     def __init__(
@@ -40,6 +43,7 @@ class PooledAgent:
         *,
         system_prompt: str | None = None,
         name: str | None = None,
+        runtime: Runtime = "decompressed",
     ) -> None:
         check_causal_lm(model)
         pool.check_compatible(model, tokenizer)
@@ -48,6 +52,7 @@ class PooledAgent:
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
         self.name = name or "agent"
+        self.runtime: Runtime = runtime
 
     def __repr__(self) -> str:
         return f"PooledAgent(name={self.name!r}, pool={self.pool.digest[:12]})"
@@ -63,7 +68,12 @@ class PooledAgent:
         """Generated token ids, one at a time (EOS excluded). Stop sequences are applied on text,
         by :meth:`stream`/:meth:`generate`, not here."""
         return generate_token_ids(
-            self.model, self.tokenizer, self.prompt_ids(question), settings or GenerationSettings(), pool=self.pool
+            self.model,
+            self.tokenizer,
+            self.prompt_ids(question),
+            settings or GenerationSettings(),
+            pool=self.pool,
+            runtime=self.runtime,
         )
 
     def stream(
@@ -89,7 +99,9 @@ class PooledAgent:
         settings = GenerationSettings(
             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop
         )
-        return generate_text(self.model, self.tokenizer, self.prompt_ids(question), settings, pool=self.pool)
+        return generate_text(
+            self.model, self.tokenizer, self.prompt_ids(question), settings, pool=self.pool, runtime=self.runtime
+        )
 
     def generate(self, question: str, **kwargs) -> str:
         """The whole answer; same arguments as :meth:`stream`."""

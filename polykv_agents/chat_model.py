@@ -24,9 +24,9 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from pydantic import Field
 
 from polykv_agents.async_bridge import iterate_in_thread
-from polykv_agents.decoding import GenerationStats, encode_prompt, generate_text
+from polykv_agents.decoding import Runtime, encode_prompt, generate_text
 from polykv_agents.documents import Document
-from polykv_agents.generation import GenerationSettings
+from polykv_agents.generation import GenerationSettings, GenerationStats
 from polykv_agents.handle import PoolHandle
 from polykv_agents.messages import to_chat_messages
 from polykv_agents.models import DEFAULT_MODEL, load_model
@@ -72,6 +72,10 @@ class ChatPolyKV(BaseChatModel):
 
     device: str = "cpu"
     """Where the model runs: ``cpu``, ``cuda``, ..."""
+
+    runtime: Runtime = "decompressed"
+    """How pooled calls read the pool: batched over one shared prefix kept ``decompressed`` (fast) or
+    ``compressed`` (smallest), or ``private`` (one decoded copy per call, the reference design)."""
 
     @property
     def _llm_type(self) -> str:
@@ -138,7 +142,9 @@ class ChatPolyKV(BaseChatModel):
             pool = POOL_REGISTRY.resolve(self.pool, model, tokenizer, document=self.pool_document)
         prompt_ids = encode_prompt(tokenizer, to_chat_messages(messages), pool=pool)
         stats = GenerationStats(prompt_tokens=prompt_ids.numel(), cached_tokens=pool.num_tokens if pool else 0)
-        for piece in generate_text(model, tokenizer, prompt_ids, settings, pool=pool, stats=stats):
+        for piece in generate_text(
+            model, tokenizer, prompt_ids, settings, pool=pool, stats=stats, runtime=self.runtime
+        ):
             chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
             if run_manager is not None:
                 run_manager.on_llm_new_token(piece, chunk=chunk)

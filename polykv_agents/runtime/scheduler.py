@@ -190,7 +190,11 @@ class BatchScheduler:
                 request.finish("length")
                 continue
             row_cache = SuffixCache(self._num_layers, 1)
-            logits = self._forward(request.prompt_ids.view(1, -1), row_cache)
+            try:
+                logits = self._forward(request.prompt_ids.view(1, -1), row_cache)
+            except Exception as e:  # this request's prompt failed; the batch is untouched
+                request.out.put(e)
+                continue
             self._emit(request, logits[0])
             if request.stats.finish_reason is None:
                 self._cache.concat(row_cache)

@@ -1,0 +1,83 @@
+"""Cascade attention equals ordinary attention over [prefix, suffix], for prefill and batched decode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import tiny_llama
+
+from polykv_agents import SharedKVPool
+from polykv_agents.compat import forward_with_cache
+from polykv_agents.runtime.cascade_attention import ATTENTION_NAME, CascadeContext, enable_cascade_attention
+from polykv_agents.runtime.shared_prefix import SharedPrefix
+from polykv_agents.runtime.suffix_cache import SuffixCache
+
+DOC = "The quick brown fox jumps over the lazy dog. " * 10
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_tok):
+    model = tiny_llama(seed=3)
+    pool = SharedKVPool.prefill(model, tiny_tok, DOC)
+    reference = tiny_llama(seed=3)  # same weights, left on SDPA
+    enable_cascade_attention(model)
+    return model, reference, pool
+
+
+def _reference_logits(reference, pool, ids: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return forward_with_cache(
+            reference, ids.unsqueeze(0), pool.to_cache(reference), start_position=pool.num_tokens
+        )[0]
+
+
+def _cascade(model, prefix, cache: SuffixCache, ids: torch.Tensor) -> torch.Tensor:
+    """ids [B, q] -> logits [B, q, vocab] through the cascade path."""
+    positions = prefix.num_tokens + cache.lengths.view(-1, 1) + torch.arange(ids.shape[-1])
+    with torch.inference_mode():
+        logits = model(
+            input_ids=ids,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            cascade=CascadeContext(prefix, cache.lengths.clone()),
+        ).logits
+    cache.advance(ids.shape[-1])
+    return logits
+
+
+@pytest.mark.parametrize("residency", ["decompressed", "compressed"])
+def test_prefill_and_batched_decode_match_ordinary_attention(setup, residency):
+    model, reference, pool = setup
+    prefix = SharedPrefix(pool, model, residency)
+    suffixes = [torch.randint(3, 300, (n,), generator=torch.Generator().manual_seed(n)) for n in (5, 11, 2)]
+    batch = SuffixCache(model.config.num_hidden_layers, 0)
+    for suffix in suffixes:  # each agent joins with its own prompt length
+        row = SuffixCache(model.config.num_hidden_layers, 1)
+        logits = _cascade(model, prefix, row, suffix.view(1, -1))[0]
+        torch.testing.assert_close(logits, _reference_logits(reference, pool, suffix), rtol=1e-4, atol=1e-5)
+        batch.concat(row)
+    next_tokens = torch.tensor([[7], [8], [9]])
+    for step in range(3):  # a few batched steps: rows have different suffix lengths throughout
+        logits = _cascade(model, prefix, batch, next_tokens)[:, -1]
+        for row, suffix in enumerate(suffixes):
+            history = torch.cat([suffix, next_tokens[row].repeat(step + 1)])
+            expected = _reference_logits(reference, pool, history)[-1]
+            torch.testing.assert_close(logits[row], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_calls_without_a_cascade_context_are_plain_sdpa(setup):
+    model, reference, _ = setup
+    assert model.config._attn_implementation == ATTENTION_NAME
+    ids = torch.arange(3, 40).unsqueeze(0)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits)
+
+
+def test_compressed_residency_holds_no_decoded_prefix(setup):
+    model, _, pool = setup
+    assert SharedPrefix(pool, model, "compressed").resident_nbytes == 0
+    decompressed = SharedPrefix(pool, model, "decompressed")
+    assert decompressed.resident_nbytes == pool.model_dtype_nbytes  # decoded once, in the model's dtype
+    with pytest.raises(ValueError, match="residency"):
+        SharedPrefix(pool, model, "gpu")

@@ -1,0 +1,46 @@
+"""SuffixCache: per-row offsets, growth, rows joining and leaving."""
+
+from __future__ import annotations
+
+import torch
+
+from polykv_agents.runtime.suffix_cache import SuffixCache
+
+
+def _row(length: int, value: float, capacity: int = 4) -> SuffixCache:
+    cache = SuffixCache(num_layers=1, batch_size=1, capacity=capacity)
+    keys = torch.full((1, 2, length, 3), value)
+    cache.update(keys, keys + 100, 0)
+    cache.advance(length)
+    return cache
+
+
+def test_rows_write_at_their_own_offsets_and_grow_past_capacity():
+    batch = _row(2, 1.0)
+    batch.concat(_row(6, 2.0))  # longer than the first row's capacity
+    assert batch.lengths.tolist() == [2, 6]
+    new = torch.stack([torch.full((2, 1, 3), 10.0), torch.full((2, 1, 3), 20.0)])  # [2, 2, 1, 3]
+    keys, values = batch.update(new, new + 100, 0)
+    batch.advance(1)
+    assert keys.shape[-2] == 7  # longest row after the update
+    assert keys[0, 0, :3, 0].tolist() == [1.0, 1.0, 10.0]
+    assert keys[1, 0, :7, 0].tolist() == [2.0] * 6 + [20.0]
+    assert values[1, 0, 6, 0] == 120.0
+
+
+def test_select_keeps_rows_in_the_given_order():
+    batch = _row(1, 1.0)
+    batch.concat(_row(2, 2.0))
+    batch.concat(_row(3, 3.0))
+    batch.select(torch.tensor([2, 0]))
+    assert batch.lengths.tolist() == [3, 1]
+    assert batch.layers[0].keys[:, 0, 0, 0].tolist() == [3.0, 1.0]
+    batch.select(torch.tensor([], dtype=torch.long))
+    assert batch.batch_size == 0
+    batch.concat(_row(2, 5.0))  # an emptied batch takes new rows
+    assert batch.lengths.tolist() == [2]
+
+
+def test_nbytes_counts_allocated_suffix_tensors():
+    batch = _row(2, 1.0, capacity=4)
+    assert batch.nbytes == 2 * 1 * 2 * 4 * 3 * 4  # keys + values, [1, 2, 4, 3] float32
