@@ -28,6 +28,8 @@ from polykv_agents.models import DEFAULT_MODEL, ModelNotFoundError
 app = typer.Typer(help="Many LLM agents over one document, sharing one compressed KV cache.", no_args_is_help=True)
 eval_app = typer.Typer(help="Quality evaluation.", no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
+bench_app = typer.Typer(help="Benchmarks (measured, with warm-up and medians).", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
 
 out = Console()
 err = Console(stderr=True)
@@ -213,6 +215,50 @@ def eval_ppl(
         _mib(result.pool_nbytes),
         f"{result.compression_ratio:.2f}",
     )
+    out.print(table)
+
+
+@bench_app.command("agents")
+@_clean_errors
+def bench_agents(
+    document: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="UTF-8 text file (the shared prefix).")],
+    agents: Annotated[int, typer.Option(min=1, max=64, help="Concurrent agents.")] = 15,
+    context_tokens: Annotated[int, typer.Option(min=16, help="Document tokens in the pool.")] = 2048,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens each agent decodes.")] = 32,
+    repetitions: Annotated[int, typer.Option(min=1, help="Timed repetitions after one warm-up.")] = 3,
+    runtime: Annotated[str, typer.Option(help="Prefix residency: decompressed or compressed.")] = "decompressed",
+    model: ModelOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """N concurrent agents over one pool vs sequential agents vs naive batching over a copied prefix."""
+    from polykv_agents.bench.agents import run_agents_bench
+
+    if runtime not in ("decompressed", "compressed"):
+        msg = f"--runtime must be decompressed or compressed, got {runtime!r}"
+        raise ValueError(msg)
+    text = _read_document(document)
+    llm, tokenizer = _load_model_with_spinner(model)
+    with err.status(f"Running {agents} agents x {repetitions + 1} repetitions ..."):
+        result = run_agents_bench(
+            llm,
+            tokenizer,
+            text,
+            agents=agents,
+            context_tokens=context_tokens,
+            max_new_tokens=max_new_tokens,
+            repetitions=repetitions,
+            runtime=runtime,  # type: ignore[arg-type]
+        )
+    if as_json:
+        typer.echo(json.dumps(result.model_dump()))
+        return
+    table = Table(title=f"{agents} agents, {result.context_tokens}-token pool, {result.model_name} ({result.dtype})")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for key, value in result.model_dump().items():
+        table.add_row(
+            key, f"{value:,.3f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value)
+        )
     out.print(table)
 
 

@@ -74,7 +74,7 @@ def _private_cache_tokens(model, tokenizer, cache, start: int, prompt_ids, setti
     position = start + prompt_ids.numel()
     for step in range(budget):
         token = next_token(logits, settings, generator)
-        if token in eos_ids:
+        if token in eos_ids and not settings.ignore_eos:
             stats.finish_reason = "stop"
             return
         yield token

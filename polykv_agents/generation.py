@@ -30,6 +30,8 @@ class GenerationSettings(BaseModel):
     """Seed of the sampling generator; ``None`` draws one from torch's global generator."""
     stop: tuple[str, ...] = ()
     """Stop sequences (may span several tokens); the answer ends before the first one."""
+    ignore_eos: bool = False
+    """Keep decoding past end-of-turn tokens (benchmarks use it to decode exactly max_new_tokens)."""
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -11,8 +11,8 @@ Checkpoints: a handle is a frozen pydantic model of plain fields, so it survives
 serializer rebuilds the ``PoolHandle`` (and logs that the type is not allow-listed); in strict mode
 (``LANGGRAPH_STRICT_MSGPACK=true`` or ``allowed_msgpack_modules=None``) it returns the plain dict of
 fields instead. ``PoolHandle.model_validate`` turns that dict back into a handle, and
-``POOL_REGISTRY.resolve`` accepts either. To get handles back directly in strict mode, allow-list
-the type: ``serializer.with_msgpack_allowlist([PoolHandle])``.
+``POOL_REGISTRY.resolve`` accepts either. To get handles back without the warning, allow-list the
+type when building the checkpointer's serializer: ``JsonPlusSerializer(allowed_msgpack_modules=[PoolHandle])``.
 """
 
 from __future__ import annotations

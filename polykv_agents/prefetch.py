@@ -88,7 +88,11 @@ class PrefetchDocument:
         pool = self.registry.get_or_build(
             model, tokenizer, self.document_messages(state), config=self.config, store=self.store
         )
-        store_dir = str(self.store.directory) if self.store is not None else None
+        store_dir = None
+        if self.store is not None:
+            if pool.digest not in self.store:  # e.g. built earlier in this process without this store
+                self.store.save(pool)
+            store_dir = str(self.store.directory)
         return {self.pool_key: PoolHandle.from_pool(pool, store_dir=store_dir)}
 
     def pooled_chat(self, state: Mapping[str, Any], chat: ChatPolyKV | None = None) -> ChatPolyKV:
@@ -106,4 +110,6 @@ class PrefetchDocument:
             raise ValueError(msg)
         if isinstance(handle, Mapping):  # some serializers hand pydantic models back as dicts
             handle = PoolHandle.model_validate(handle)
-        return (chat or self.chat).with_pool(handle, document=self.document_messages(state))
+        # Without the document, the registry or the store must still hold the pool.
+        document = self.document_messages(state) if state.get(self.document_key) else None
+        return (chat or self.chat).with_pool(handle, document=document)

@@ -53,9 +53,12 @@ def _attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scali
     scores = torch.matmul(query.float(), keys.float().transpose(-1, -2)) * scaling
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-    out = torch.matmul(torch.exp(scores - lse), values.float())
-    return out, lse
+    # One exp pass serves both the output and the log-sum-exp (torch.logsumexp would add a second).
+    top = scores.amax(dim=-1, keepdim=True)
+    weights = torch.exp(scores - top)
+    total = weights.sum(dim=-1, keepdim=True)
+    out = torch.matmul(weights, values.float()) / total
+    return out, top + torch.log(total)
 
 
 def cascade_attention_forward(

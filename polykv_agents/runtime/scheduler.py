@@ -151,7 +151,7 @@ class BatchScheduler:
     def _emit(self, request: _Request, logits: torch.Tensor) -> None:
         """Sample one token for ``request`` and deliver it, or finish the request."""
         token = next_token(logits, request.settings, request.generator)
-        if token in self._eos_ids:
+        if token in self._eos_ids and not request.settings.ignore_eos:
             request.finish("stop")
             return
         request.produced += 1

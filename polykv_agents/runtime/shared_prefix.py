@@ -32,6 +32,7 @@ class SharedPrefix:
         self.dtype = model.dtype
         self.device = model.device
         self._layers: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
+        self._peak_transient_nbytes = 0
         if residency == "decompressed":
             with torch.inference_mode():
                 self._layers = tuple(
@@ -49,8 +50,16 @@ class SharedPrefix:
             return 0
         return sum(k.nbytes + v.nbytes for k, v in self._layers)
 
+    @property
+    def peak_decoded_nbytes(self) -> int:
+        """Most bytes of decoded prefix alive at once: all layers when kept decompressed, the largest
+        single decoded layer when kept compressed (measured as layers are decoded)."""
+        return self.resident_nbytes if self._layers is not None else self._peak_transient_nbytes
+
     def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of one layer; callers only read them."""
         if self._layers is not None:
             return self._layers[layer_idx]
-        return self.pool.decompress_layer(layer_idx, dtype=self.dtype, device=self.device)
+        keys, values = self.pool.decompress_layer(layer_idx, dtype=self.dtype, device=self.device)
+        self._peak_transient_nbytes = max(self._peak_transient_nbytes, keys.nbytes + values.nbytes)
+        return keys, values

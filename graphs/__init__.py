@@ -1,0 +1,9 @@
+"""LangGraph workflows over one shared, compressed document pool (listed in ``langgraph.json``).
+
+- :mod:`graphs.document_review`: prefetch -> planner -> specialists in parallel -> critic -> summarizer.
+- :mod:`graphs.role_swarm`: prefetch -> N roles answer one question in parallel -> aggregator.
+
+Each module exports ``graph`` (compiled, model not loaded until the first run) and a
+``build_graph(...)`` factory for a chat model, pool store or checkpointer of your own. Each file
+imports only ``polykv_agents`` and LangGraph, so ``langgraph dev`` can load it by path.
+"""

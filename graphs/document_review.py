@@ -1,0 +1,305 @@
+"""Document review: specialists review one document in parallel, reading it from one shared pool.
+
+Data flow (state keys in brackets):
+  [document, roles?] -> check_input: defaults the role list, refuses an empty one or more than
+      MAX_ROLES, before anything is loaded
+  -> prefetch: the document is prefilled and compressed once -> [pool] (a PoolHandle, never tensors)
+  -> planner: one pooled call -> [plan]
+  -> assign_specialists: one ``Send("specialist", SpecialistTask)`` per role, run in parallel
+  -> specialist x N: one pooled call each -> [findings] += {role, text, cache_read, pool_digest}
+  -> critic: one pooled call over the findings -> [critique]
+  -> summarizer: one pooled call over findings and critique -> [summary]
+Every call gets its chat model from ``prefetch.pooled_chat(state)``, so it reads the document from
+the pool (``cache_read`` = pool tokens) instead of prefilling it again. Each AIMessage is also
+appended to [messages], named after its role, for LangGraph Studio.
+
+    from graphs.document_review import build_graph
+    review = build_graph(max_tokens=64)
+    result = review.invoke({"document": text, "roles": ["legal", "finance", "risk"]})
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import Checkpointer, Send
+from typing_extensions import NotRequired, TypedDict
+
+from polykv_agents.chat_model import ChatPolyKV
+from polykv_agents.handle import PoolHandle
+from polykv_agents.prefetch import PrefetchDocument
+from polykv_agents.store import PoolStore
+
+MAX_ROLES = 15
+"""Most specialists one run accepts: 15 parallel calls over one pool is the bound the tests cover (15 branches
+equal to 15 sequential greedy calls) and ``pool.memory_report(n_agents=15)`` measures. Each parallel role
+adds a row to the decode batch with a cache of its own (its prompt and answer, about 45 KiB per token for
+SmolLM2-135M in fp32; with ``ChatPolyKV(runtime="private")`` the whole decoded document too). More is refused."""
+
+DEFAULT_MAX_TOKENS = 128
+"""Tokens per answer when ``build_graph`` makes its own chat model."""
+
+ROLE_PROMPTS: dict[str, str] = {
+    "legal": "You are the legal specialist. You look for obligations, liabilities and compliance issues.",
+    "finance": "You are the finance specialist. You check figures, budgets, costs and financial risks.",
+    "engineering": "You are the engineering specialist. You assess technical feasibility and infrastructure.",
+    "risk": "You are the risk specialist. You identify what could go wrong and how likely it is.",
+    "operations": "You are the operations specialist. You look at staffing, processes and day-to-day delivery.",
+    "security": "You are the security specialist. You look for threats to people, systems and data.",
+    "environment": "You are the environment specialist. You assess environmental impact and sustainability.",
+    "customer": "You are the customer specialist. You judge the effect on customers and service quality.",
+    "communications": "You are the communications specialist. You check clarity and what the public is told.",
+    "hr": "You are the human-resources specialist. You look at people, skills and workload.",
+}
+"""Role name -> system prompt; a role not listed gets :data:`GENERIC_ROLE_PROMPT`."""
+
+GENERIC_ROLE_PROMPT = "You are the {role} specialist. You review the document from the {role} point of view."
+
+DEFAULT_ROLES: tuple[str, ...] = ("legal", "finance", "engineering", "risk", "operations")
+
+PLANNER_PROMPT = "You are the review planner. You decide what each specialist should check."
+CRITIC_PROMPT = "You are the critic. You look for findings that are weak, vague or not supported by the document."
+SUMMARIZER_PROMPT = "You are the summarizer. You write short, plain summaries for the board."
+
+
+class InputState(TypedDict):
+    """What a run takes."""
+
+    document: str
+    """The document text every role reads (prefilled once into the pool)."""
+    roles: NotRequired[list[str]]
+    """Specialist roles, 1 to MAX_ROLES distinct names; default :data:`DEFAULT_ROLES`."""
+
+
+class Finding(TypedDict):
+    """One specialist's answer, with what the call measured."""
+
+    role: str
+    text: str
+    cache_read: int
+    """Document tokens served from the pool (``usage_metadata["input_token_details"]["cache_read"]``)."""
+    pool_digest: str | None
+    """The pool the answer was read from (``response_metadata["pool_digest"]``)."""
+
+
+class State(InputState, total=False):
+    """The review's state: small and serializable (the pool is a handle, the tensors stay in the registry)."""
+
+    pool: PoolHandle | None
+    plan: str
+    findings: Annotated[list[Finding], operator.add]
+    critique: str
+    summary: str
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+class SpecialistTask(TypedDict):
+    """What one parallel specialist branch gets (the payload of its ``Send``)."""
+
+    role: str
+    document: str
+    pool: PoolHandle
+    plan: str
+
+
+# ---------------------------------------------------------------- input and prompts
+
+
+def check_roles(roles: Sequence[str] | None, *, default: Sequence[str] = DEFAULT_ROLES) -> list[str]:
+    """The role list of a run: ``default`` when ``None``, else 1 to MAX_ROLES distinct, non-empty names.
+
+    Raises:
+        TypeError: ``roles`` is a string or holds something other than strings.
+        ValueError: Empty, more than MAX_ROLES, a blank name, or a name given twice.
+    """
+    if roles is None:
+        return list(default)
+    if isinstance(roles, str) or not isinstance(roles, Sequence):
+        msg = f"roles must be a list of role names, got {type(roles).__name__}; e.g. ['legal', 'finance']"
+        raise TypeError(msg)
+    if not all(isinstance(role, str) for role in roles):
+        msg = f"roles must hold strings, got {[type(role).__name__ for role in roles]}"
+        raise TypeError(msg)
+    names = [role.strip() for role in roles]
+    if not names:
+        msg = f"roles is empty; pass 1 to {MAX_ROLES} role names, or leave roles out for {list(default)}"
+        raise ValueError(msg)
+    if len(names) > MAX_ROLES:
+        msg = (
+            f"{len(names)} roles given, but at most {MAX_ROLES} roles read one pool in parallel ({MAX_ROLES} is the "
+            "tested bound, and each parallel role holds a cache of its own); split the roles over several runs"
+        )
+        raise ValueError(msg)
+    if not all(names):
+        msg = f"roles holds a blank name: {list(roles)!r}; give every role a name"
+        raise ValueError(msg)
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        msg = f"roles {duplicates} are given more than once; each role answers once per run"
+        raise ValueError(msg)
+    return names
+
+
+def check_document(document: object) -> str:
+    """The document text; a clear error for a missing or blank one."""
+    if not isinstance(document, str) or not document.strip():
+        msg = f"state['document'] must be the document text, got {type(document).__name__} {document!r:.40}"
+        raise ValueError(msg)
+    return document
+
+
+def role_prompt(role: str) -> str:
+    """The system prompt of ``role``: its own from :data:`ROLE_PROMPTS`, else the generic one."""
+    return ROLE_PROMPTS.get(role, GENERIC_ROLE_PROMPT.format(role=role))
+
+
+def planner_messages(roles: Sequence[str]) -> list[BaseMessage]:
+    task = (
+        f"The specialists are: {', '.join(roles)}. In one line per specialist, say what each should check "
+        "in the document."
+    )
+    return [SystemMessage(PLANNER_PROMPT), HumanMessage(task)]
+
+
+def specialist_messages(role: str, plan: str) -> list[BaseMessage]:
+    """What specialist ``role`` is asked, after the shared document prefix."""
+    task = (
+        f"The review plan:\n{plan.strip()}\n\nAs the {role} specialist, state your most important finding "
+        "about the document in one or two sentences."
+    )
+    return [SystemMessage(role_prompt(role)), HumanMessage(task)]
+
+
+def format_findings(findings: Sequence[Finding], roles: Sequence[str]) -> str:
+    """Findings as ``- role: text`` lines, in role-list order (parallel branches finish in any order)."""
+    order = {role: i for i, role in enumerate(roles)}
+    ordered = sorted(findings, key=lambda f: order.get(f["role"], len(order)))
+    return "\n".join(f"- {f['role']}: {f['text'].strip()}" for f in ordered)
+
+
+def critic_messages(findings: Sequence[Finding], roles: Sequence[str]) -> list[BaseMessage]:
+    task = (
+        f"The specialists' findings:\n{format_findings(findings, roles)}\n\nWhich finding is weakest or least "
+        "supported by the document, and why? Answer in one or two sentences."
+    )
+    return [SystemMessage(CRITIC_PROMPT), HumanMessage(task)]
+
+
+def summarizer_messages(findings: Sequence[Finding], roles: Sequence[str], critique: str) -> list[BaseMessage]:
+    task = (
+        f"The specialists' findings:\n{format_findings(findings, roles)}\n\nThe critic's view: {critique.strip()}"
+        "\n\nSummarise the review in three sentences."
+    )
+    return [SystemMessage(SUMMARIZER_PROMPT), HumanMessage(task)]
+
+
+def cache_read(message: AIMessage) -> int:
+    """Tokens the call read from the pool (0 for a call without one)."""
+    usage = message.usage_metadata or {}
+    return int(usage.get("input_token_details", {}).get("cache_read", 0))
+
+
+def check_input(state: State) -> dict[str, Any]:
+    """Refuse bad input before the model is loaded or the document prefilled; default the roles."""
+    check_document(state.get("document"))
+    return {"roles": check_roles(state.get("roles"))}
+
+
+def assign_specialists(state: State) -> list[Send]:
+    """Fan out: one parallel ``specialist`` branch per role (a ``Send`` router, so not a ``Literal``)."""
+    return [
+        Send(
+            "specialist", SpecialistTask(role=role, document=state["document"], pool=state["pool"], plan=state["plan"])
+        )
+        for role in state["roles"]
+    ]
+
+
+# ---------------------------------------------------------------- the graph
+
+
+def _role_chat(chat: ChatPolyKV | None, max_tokens: int | None) -> ChatPolyKV:
+    if chat is None:
+        return ChatPolyKV(max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
+    return chat if max_tokens is None else chat.model_copy(update={"max_tokens": max_tokens})
+
+
+def build_graph(
+    *,
+    chat: ChatPolyKV | None = None,
+    store: PoolStore | str | Path | None = None,
+    checkpointer: Checkpointer = None,
+    max_tokens: int | None = None,
+    name: str = "document_review",
+) -> CompiledStateGraph:
+    """The compiled document-review graph. Nothing is loaded until the first run.
+
+    Args:
+        chat: The chat model every role uses (default: the embedded SmolLM2-135M-Instruct, greedy).
+        store: Where pools are saved by digest, so a thread resumed in another process reloads its pool
+            instead of prefilling the document again; ``None`` keeps pools in this process.
+        checkpointer: A LangGraph checkpointer (e.g. ``InMemorySaver``, ``SqliteSaver``) for threads.
+        max_tokens: Tokens per answer; overrides ``chat.max_tokens`` when given.
+        name: The compiled graph's name.
+    """
+    prefetch = PrefetchDocument(_role_chat(chat, max_tokens), store=store)
+
+    def ask(state: Any, role: str, messages: list[BaseMessage]) -> AIMessage:
+        # The tag and metadata label this call's tokens in stream_mode="messages" (parallel branches share a node).
+        chat = prefetch.pooled_chat(state).with_config(metadata={"agent_role": role}, tags=[f"role:{role}"])
+        response = chat.invoke(messages)
+        response.name = role
+        return response
+
+    def planner(state: State) -> dict[str, Any]:
+        response = ask(state, "planner", planner_messages(state["roles"]))
+        return {"plan": str(response.text), "messages": [response]}
+
+    def specialist(task: SpecialistTask) -> dict[str, Any]:
+        role = task["role"]
+        response = ask(task, role, specialist_messages(role, task["plan"]))
+        finding = Finding(
+            role=role,
+            text=str(response.text),
+            cache_read=cache_read(response),
+            pool_digest=response.response_metadata.get("pool_digest"),
+        )
+        return {"findings": [finding], "messages": [response]}
+
+    def critic(state: State) -> dict[str, Any]:
+        response = ask(state, "critic", critic_messages(state["findings"], state["roles"]))
+        return {"critique": str(response.text), "messages": [response]}
+
+    def summarizer(state: State) -> dict[str, Any]:
+        messages = summarizer_messages(state["findings"], state["roles"], state["critique"])
+        response = ask(state, "summarizer", messages)
+        return {"summary": str(response.text), "messages": [response]}
+
+    builder = StateGraph(State, input_schema=InputState)
+    builder.add_node("check_input", check_input)
+    builder.add_node("prefetch", prefetch)
+    builder.add_node("planner", planner)
+    builder.add_node("specialist", specialist)
+    builder.add_node("critic", critic)
+    builder.add_node("summarizer", summarizer)
+    builder.add_edge(START, "check_input")
+    builder.add_edge("check_input", "prefetch")
+    builder.add_edge("prefetch", "planner")
+    builder.add_conditional_edges("planner", assign_specialists, ["specialist"])
+    builder.add_edge("specialist", "critic")
+    builder.add_edge("critic", "summarizer")
+    builder.add_edge("summarizer", END)
+    return builder.compile(checkpointer=checkpointer, name=name)
+
+
+# For `langgraph dev` (langgraph.json): POLYKV_POOL_STORE names a pool directory, so threads resumed
+# after a server restart reload their pool instead of prefilling the document again.
+graph = build_graph(store=os.environ.get("POLYKV_POOL_STORE") or None)

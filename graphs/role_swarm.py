@@ -1,0 +1,264 @@
+"""Role swarm: N roles answer one question about one document in parallel, then one call merges them.
+
+Data flow (state keys in brackets):
+  [document, question, roles?] -> check_input: defaults the role list, refuses an empty one or more
+      than MAX_ROLES, and a blank question, before anything is loaded
+  -> prefetch: the document is prefilled and compressed once -> [pool] (a PoolHandle, never tensors)
+  -> dispatch_roles: one ``Send("role_answer", RoleTask)`` per role, run in parallel
+  -> role_answer x N: one pooled call each -> [answers] += {role, text, cache_read, pool_digest}
+  -> aggregate: one pooled call that merges the answers -> [answer]
+Every call gets its chat model from ``prefetch.pooled_chat(state)``, so it reads the document from
+the pool (``cache_read`` = pool tokens). Each AIMessage is appended to [messages], named after its role.
+
+    from graphs.role_swarm import build_graph
+    swarm = build_graph(max_tokens=64)
+    result = swarm.invoke({"document": text, "question": "What is the main risk?", "roles": ["skeptic", "analyst"]})
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import Checkpointer, Send
+from typing_extensions import NotRequired, TypedDict
+
+from polykv_agents.chat_model import ChatPolyKV
+from polykv_agents.handle import PoolHandle
+from polykv_agents.prefetch import PrefetchDocument
+from polykv_agents.store import PoolStore
+
+# This file deliberately repeats the small role-list check of graphs/document_review.py: `langgraph dev`
+# loads each graph file by path, and a graph that imports only polykv_agents and LangGraph always loads.
+
+MAX_ROLES = 15
+"""Most roles one run accepts: 15 parallel calls over one pool is the bound the tests cover (15 branches
+equal to 15 sequential greedy calls) and ``pool.memory_report(n_agents=15)`` measures. Each parallel role
+adds a row to the decode batch with a cache of its own (its prompt and answer, about 45 KiB per token for
+SmolLM2-135M in fp32; with ``ChatPolyKV(runtime="private")`` the whole decoded document too). More is refused."""
+
+DEFAULT_MAX_TOKENS = 128
+"""Tokens per answer when ``build_graph`` makes its own chat model."""
+
+ROLE_PROMPTS: dict[str, str] = {
+    "analyst": "You are the analyst. You answer from the facts and figures in the document.",
+    "skeptic": "You are the skeptic. You question claims and point out what the document does not show.",
+    "optimist": "You are the optimist. You point out strengths and opportunities in the document.",
+    "economist": "You are the economist. You answer in terms of costs, prices and incentives.",
+    "engineer": "You are the engineer. You answer in terms of infrastructure and what is technically feasible.",
+    "lawyer": "You are the lawyer. You answer in terms of obligations, rights and compliance.",
+    "customer": "You are a customer. You answer as someone who uses the service every day.",
+}
+"""Role name -> system prompt; a role not listed gets :data:`GENERIC_ROLE_PROMPT`."""
+
+GENERIC_ROLE_PROMPT = "You are the {role}. You answer from the {role}'s point of view."
+
+DEFAULT_ROLES: tuple[str, ...] = ("analyst", "skeptic", "optimist")
+
+AGGREGATOR_PROMPT = "You are the moderator. You merge several answers into one balanced answer."
+
+
+class InputState(TypedDict):
+    """What a run takes."""
+
+    document: str
+    """The document text every role reads (prefilled once into the pool)."""
+    question: str
+    """The one question every role answers."""
+    roles: NotRequired[list[str]]
+    """Roles, 1 to MAX_ROLES distinct names; default :data:`DEFAULT_ROLES`."""
+
+
+class RoleAnswer(TypedDict):
+    """One role's answer, with what the call measured."""
+
+    role: str
+    text: str
+    cache_read: int
+    """Document tokens served from the pool (``usage_metadata["input_token_details"]["cache_read"]``)."""
+    pool_digest: str | None
+    """The pool the answer was read from (``response_metadata["pool_digest"]``)."""
+
+
+class State(InputState, total=False):
+    """The swarm's state: small and serializable (the pool is a handle, the tensors stay in the registry)."""
+
+    pool: PoolHandle | None
+    answers: Annotated[list[RoleAnswer], operator.add]
+    answer: str
+    """The aggregator's merged answer."""
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+class RoleTask(TypedDict):
+    """What one parallel role branch gets (the payload of its ``Send``)."""
+
+    role: str
+    document: str
+    pool: PoolHandle
+    question: str
+
+
+# ---------------------------------------------------------------- input and prompts
+
+
+def check_roles(roles: Sequence[str] | None, *, default: Sequence[str] = DEFAULT_ROLES) -> list[str]:
+    """The role list of a run: ``default`` when ``None``, else 1 to MAX_ROLES distinct, non-empty names.
+
+    Raises:
+        TypeError: ``roles`` is a string or holds something other than strings.
+        ValueError: Empty, more than MAX_ROLES, a blank name, or a name given twice.
+    """
+    if roles is None:
+        return list(default)
+    if isinstance(roles, str) or not isinstance(roles, Sequence):
+        msg = f"roles must be a list of role names, got {type(roles).__name__}; e.g. ['analyst', 'skeptic']"
+        raise TypeError(msg)
+    if not all(isinstance(role, str) for role in roles):
+        msg = f"roles must hold strings, got {[type(role).__name__ for role in roles]}"
+        raise TypeError(msg)
+    names = [role.strip() for role in roles]
+    if not names:
+        msg = f"roles is empty; pass 1 to {MAX_ROLES} role names, or leave roles out for {list(default)}"
+        raise ValueError(msg)
+    if len(names) > MAX_ROLES:
+        msg = (
+            f"{len(names)} roles given, but at most {MAX_ROLES} roles read one pool in parallel ({MAX_ROLES} is the "
+            "tested bound, and each parallel role holds a cache of its own); split the roles over several runs"
+        )
+        raise ValueError(msg)
+    if not all(names):
+        msg = f"roles holds a blank name: {list(roles)!r}; give every role a name"
+        raise ValueError(msg)
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        msg = f"roles {duplicates} are given more than once; each role answers once per run"
+        raise ValueError(msg)
+    return names
+
+
+def check_text(state: State, key: str) -> str:
+    """``state[key]`` as non-blank text; a clear error otherwise."""
+    value = state.get(key)
+    if not isinstance(value, str) or not value.strip():
+        msg = f"state[{key!r}] must be non-empty text, got {type(value).__name__} {value!r:.40}"
+        raise ValueError(msg)
+    return value
+
+
+def role_prompt(role: str) -> str:
+    """The system prompt of ``role``: its own from :data:`ROLE_PROMPTS`, else the generic one."""
+    return ROLE_PROMPTS.get(role, GENERIC_ROLE_PROMPT.format(role=role))
+
+
+def role_messages(role: str, question: str) -> list[BaseMessage]:
+    """What ``role`` is asked, after the shared document prefix."""
+    return [SystemMessage(role_prompt(role)), HumanMessage(f"{question.strip()}\nAnswer in one or two sentences.")]
+
+
+def aggregate_messages(question: str, answers: Sequence[RoleAnswer], roles: Sequence[str]) -> list[BaseMessage]:
+    """The aggregator's request: the question and every answer, in role-list order."""
+    order = {role: i for i, role in enumerate(roles)}
+    ordered = sorted(answers, key=lambda a: order.get(a["role"], len(order)))
+    listed = "\n".join(f"- {a['role']}: {a['text'].strip()}" for a in ordered)
+    task = f"The question: {question.strip()}\n\nThe answers:\n{listed}\n\nMerge them into one answer of two sentences."
+    return [SystemMessage(AGGREGATOR_PROMPT), HumanMessage(task)]
+
+
+def cache_read(message: AIMessage) -> int:
+    """Tokens the call read from the pool (0 for a call without one)."""
+    usage = message.usage_metadata or {}
+    return int(usage.get("input_token_details", {}).get("cache_read", 0))
+
+
+def check_input(state: State) -> dict[str, Any]:
+    """Refuse bad input before the model is loaded or the document prefilled; default the roles."""
+    check_text(state, "document")
+    check_text(state, "question")
+    return {"roles": check_roles(state.get("roles"))}
+
+
+def dispatch_roles(state: State) -> list[Send]:
+    """Fan out: one parallel ``role_answer`` branch per role (a ``Send`` router, so not a ``Literal``)."""
+    return [
+        Send(
+            "role_answer",
+            RoleTask(role=role, document=state["document"], pool=state["pool"], question=state["question"]),
+        )
+        for role in state["roles"]
+    ]
+
+
+# ---------------------------------------------------------------- the graph
+
+
+def _role_chat(chat: ChatPolyKV | None, max_tokens: int | None) -> ChatPolyKV:
+    if chat is None:
+        return ChatPolyKV(max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
+    return chat if max_tokens is None else chat.model_copy(update={"max_tokens": max_tokens})
+
+
+def build_graph(
+    *,
+    chat: ChatPolyKV | None = None,
+    store: PoolStore | str | Path | None = None,
+    checkpointer: Checkpointer = None,
+    max_tokens: int | None = None,
+    name: str = "role_swarm",
+) -> CompiledStateGraph:
+    """The compiled role-swarm graph. Nothing is loaded until the first run.
+
+    Args:
+        chat: The chat model every role uses (default: the embedded SmolLM2-135M-Instruct, greedy).
+        store: Where pools are saved by digest, so a thread resumed in another process reloads its pool
+            instead of prefilling the document again; ``None`` keeps pools in this process.
+        checkpointer: A LangGraph checkpointer (e.g. ``InMemorySaver``, ``SqliteSaver``) for threads.
+        max_tokens: Tokens per answer; overrides ``chat.max_tokens`` when given.
+        name: The compiled graph's name.
+    """
+    prefetch = PrefetchDocument(_role_chat(chat, max_tokens), store=store)
+
+    def ask(state: Any, role: str, messages: list[BaseMessage]) -> AIMessage:
+        # The tag and metadata label this call's tokens in stream_mode="messages" (parallel branches share a node).
+        chat = prefetch.pooled_chat(state).with_config(metadata={"agent_role": role}, tags=[f"role:{role}"])
+        response = chat.invoke(messages)
+        response.name = role
+        return response
+
+    def role_answer(task: RoleTask) -> dict[str, Any]:
+        response = ask(task, task["role"], role_messages(task["role"], task["question"]))
+        answer = RoleAnswer(
+            role=task["role"],
+            text=str(response.text),
+            cache_read=cache_read(response),
+            pool_digest=response.response_metadata.get("pool_digest"),
+        )
+        return {"answers": [answer], "messages": [response]}
+
+    def aggregate(state: State) -> dict[str, Any]:
+        response = ask(state, "aggregator", aggregate_messages(state["question"], state["answers"], state["roles"]))
+        return {"answer": str(response.text), "messages": [response]}
+
+    builder = StateGraph(State, input_schema=InputState)
+    builder.add_node("check_input", check_input)
+    builder.add_node("prefetch", prefetch)
+    builder.add_node("role_answer", role_answer)
+    builder.add_node("aggregate", aggregate)
+    builder.add_edge(START, "check_input")
+    builder.add_edge("check_input", "prefetch")
+    builder.add_conditional_edges("prefetch", dispatch_roles, ["role_answer"])
+    builder.add_edge("role_answer", "aggregate")
+    builder.add_edge("aggregate", END)
+    return builder.compile(checkpointer=checkpointer, name=name)
+
+
+# For `langgraph dev` (langgraph.json): POLYKV_POOL_STORE names a pool directory, so threads resumed
+# after a server restart reload their pool instead of prefilling the document again.
+graph = build_graph(store=os.environ.get("POLYKV_POOL_STORE") or None)

@@ -1,0 +1,209 @@
+"""``polykv-agents bench agents``: N concurrent agents over one pool, against the alternatives.
+
+Measured side by side in one process, on one document prefix of ``context_tokens`` tokens:
+
+- ``batched``: N agents at once through the runtime (one shared prefix, cascade attention, one
+  batched forward per step);
+- ``sequential``: the same N agents one after another, each alone (single-sequence decoding);
+- ``naive_batched``: one batched forward per step over the prefix copied N times (HF's prefix-cache
+  recipe, batched), the baseline that stalls on CPU;
+- TTFT of one agent from the pool, against re-prefilling document + question (what a plain local
+  chat model does on every call).
+
+KV bytes are ``nbytes`` of the tensors alive at the peak: for the runtime, the pool, its shared
+decoded prefix and the batch's suffix cache; for naive batching, its N-row cache.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from pydantic import BaseModel
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from polykv_agents.agent import PooledAgent
+from polykv_agents.compat import forward_with_cache, layer_key_values, new_dynamic_cache
+from polykv_agents.config import CompressionConfig
+from polykv_agents.generation import GenerationSettings
+from polykv_agents.pool import SharedKVPool
+from polykv_agents.runtime.scheduler import BatchScheduler, scheduler_for
+from polykv_agents.runtime.shared_prefix import Residency
+
+QUESTIONS = [
+    "Summarise the document in two sentences.",
+    "What is the main topic?",
+    "List three facts the document states.",
+    "What would a critic object to?",
+    "Which terms does the document define?",
+]
+
+
+class AgentsBenchResult(BaseModel):
+    """One run of the agents benchmark; every figure is measured."""
+
+    model_name: str
+    dtype: str
+    device: str
+    threads: int
+    agents: int
+    context_tokens: int
+    max_new_tokens: int
+    runtime: str
+    repetitions: int
+    pool_nbytes: int
+    kv_bytes_pooled_peak: int
+    kv_bytes_naive_peak: int
+    throughput_tok_s_batched: float
+    throughput_tok_s_sequential: float
+    throughput_tok_s_naive_batched: float
+    ttft_s_pool: float
+    ttft_s_reprefill: float
+    rss_peak_bytes: int
+
+
+def _roles(n: int) -> list[tuple[str, str]]:
+    """Role prompts and questions of varied lengths."""
+    return [
+        (f"You are specialist {i + 1} of {n}. " + "Be precise. " * (i % 4), QUESTIONS[i % len(QUESTIONS)])
+        for i in range(n)
+    ]
+
+
+def _timed(fn):
+    started = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - started
+
+
+def _run_batched(agents: list[PooledAgent], questions: list[str], settings: GenerationSettings) -> tuple[int, float]:
+    def answer(i: int) -> int:
+        return len(list(agents[i].generate_ids(questions[i], settings)))
+
+    with ThreadPoolExecutor(max_workers=len(agents)) as executor:
+        counts, seconds = _timed(lambda: list(executor.map(answer, range(len(agents)))))
+    return sum(counts), seconds
+
+
+def _run_sequential(agents: list[PooledAgent], questions: list[str], settings: GenerationSettings) -> tuple[int, float]:
+    counts, seconds = _timed(
+        lambda: [len(list(a.generate_ids(q, settings))) for a, q in zip(agents, questions, strict=True)]
+    )
+    return sum(counts), seconds
+
+
+@torch.inference_mode()
+def _run_naive_batched(
+    model: PreTrainedModel, pool: SharedKVPool, prompts: list[torch.Tensor], max_new_tokens: int
+) -> tuple[int, float, int]:
+    """Greedy batched decoding over the decoded prefix copied once per row (left-padded prompts)."""
+    started = time.perf_counter()
+    rows, start = len(prompts), pool.num_tokens
+    width = max(p.numel() for p in prompts)
+    ids = torch.zeros(rows, width, dtype=torch.long)
+    mask = torch.zeros(rows, start + width, dtype=torch.long)
+    mask[:, :start] = 1
+    for r, prompt in enumerate(prompts):
+        ids[r, width - prompt.numel() :] = prompt
+        mask[r, start + width - prompt.numel() :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, start:]  # each row's own positions
+    cache = new_dynamic_cache(model)
+    for layer_idx in range(pool.num_layers):
+        keys, values = pool.decompress_layer(layer_idx, dtype=model.dtype, device=model.device)
+        cache.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), layer_idx)  # N copies
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, logits_to_keep=1).logits
+    tokens = 0
+    for _ in range(max_new_tokens):
+        next_ids = logits[:, -1].argmax(-1, keepdim=True)  # [N, 1]
+        tokens += rows
+        mask = torch.cat([mask, torch.ones(rows, 1, dtype=torch.long)], dim=-1)
+        positions = positions[:, -1:] + 1
+        logits = model(input_ids=next_ids, attention_mask=mask, position_ids=positions, cache=cache).logits
+    kv_bytes = sum(k.nbytes + v.nbytes for k, v in layer_key_values(cache))
+    return tokens, time.perf_counter() - started, kv_bytes
+
+
+def _ttft_pool(agent: PooledAgent, question: str) -> float:
+    settings = GenerationSettings(max_new_tokens=1)
+    return _timed(lambda: list(agent.generate_ids(question, settings)))[1]
+
+
+@torch.inference_mode()
+def _ttft_reprefill(model: PreTrainedModel, pool: SharedKVPool, prompt: torch.Tensor) -> float:
+    """A plain local chat model: prefill document + question, then pick the first token."""
+    ids = torch.cat([pool.token_ids, prompt]).unsqueeze(0)
+
+    def first_token() -> int:
+        logits = forward_with_cache(model, ids, new_dynamic_cache(model), start_position=0, logits_to_keep=1)
+        return int(logits[0, -1].argmax())
+
+    return _timed(first_token)[1]
+
+
+def run_agents_bench(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    text: str,
+    *,
+    agents: int = 15,
+    context_tokens: int = 2048,
+    max_new_tokens: int = 32,
+    repetitions: int = 3,
+    runtime: Residency = "decompressed",
+    config: CompressionConfig | None = None,
+) -> AgentsBenchResult:
+    """Measure the runtime against sequential and naive batched decoding; medians over repetitions
+    after one warm-up of each."""
+    ids = tokenizer(text, return_tensors="pt").input_ids[0]
+    if ids.numel() < context_tokens:
+        msg = f"the document has {ids.numel()} tokens, fewer than --context-tokens {context_tokens}; use a longer one"
+        raise ValueError(msg)
+    prefix_text = tokenizer.decode(ids[:context_tokens], skip_special_tokens=True)
+    pool = SharedKVPool.prefill(model, tokenizer, prefix_text, config=config)
+    roles = _roles(agents)
+    pooled = [PooledAgent(pool, model, tokenizer, system_prompt=r, runtime=runtime) for r, _ in roles]
+    private = [PooledAgent(pool, model, tokenizer, system_prompt=r, runtime="private") for r, _ in roles]
+    questions = [q for _, q in roles]
+    prompts = [a.prompt_ids(q) for a, q in zip(pooled, questions, strict=True)]
+    # EOS is ignored so that every method decodes exactly max_new_tokens per agent.
+    settings = GenerationSettings(max_new_tokens=max_new_tokens, ignore_eos=True)
+
+    samples: dict[str, list[float]] = {"batched": [], "sequential": [], "naive": [], "ttft_pool": [], "ttft_re": []}
+    naive_kv = 0
+    scheduler: BatchScheduler = scheduler_for(model, tokenizer, pool, runtime)
+    for repetition in range(repetitions + 1):  # repetition 0 is the warm-up
+        tokens, seconds = _run_batched(pooled, questions, settings)
+        batched = tokens / seconds
+        tokens, seconds = _run_sequential(private, questions, settings)
+        sequential = tokens / seconds
+        tokens, seconds, naive_kv = _run_naive_batched(model, pool, prompts, max_new_tokens)
+        naive = tokens / seconds
+        ttft_pool = _ttft_pool(pooled[0], questions[0])
+        ttft_re = _ttft_reprefill(model, pool, prompts[0])
+        if repetition:
+            for key, value in zip(samples, (batched, sequential, naive, ttft_pool, ttft_re), strict=True):
+                samples[key].append(value)
+    median = {key: statistics.median(values) for key, values in samples.items()}
+    return AgentsBenchResult(
+        model_name=pool.fingerprint.name,
+        dtype=pool.fingerprint.dtype,
+        device=str(model.device),
+        threads=torch.get_num_threads(),
+        agents=agents,
+        context_tokens=pool.num_tokens,
+        max_new_tokens=max_new_tokens,
+        runtime=runtime,
+        repetitions=repetitions,
+        pool_nbytes=pool.nbytes,
+        kv_bytes_pooled_peak=pool.nbytes + scheduler.prefix.peak_decoded_nbytes + scheduler.peak_suffix_nbytes,
+        kv_bytes_naive_peak=naive_kv,
+        throughput_tok_s_batched=median["batched"],
+        throughput_tok_s_sequential=median["sequential"],
+        throughput_tok_s_naive_batched=median["naive"],
+        ttft_s_pool=median["ttft_pool"],
+        ttft_s_reprefill=median["ttft_re"],
+        rss_peak_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    )
