@@ -36,13 +36,8 @@ from typing_extensions import NotRequired, TypedDict
 from polykv_agents.chat_model import ChatPolyKV
 from polykv_agents.handle import PoolHandle
 from polykv_agents.prefetch import PrefetchDocument
+from polykv_agents.roles import cache_read, check_roles, check_text
 from polykv_agents.store import PoolStore
-
-MAX_ROLES = 15
-"""Most specialists one run accepts: 15 parallel calls over one pool is the bound the tests cover (15 branches
-equal to 15 sequential greedy calls) and ``pool.memory_report(n_agents=15)`` measures. Each parallel role
-adds a row to the decode batch with a cache of its own (its prompt and answer, about 45 KiB per token for
-SmolLM2-135M in fp32; with ``ChatPolyKV(runtime="private")`` the whole decoded document too). More is refused."""
 
 DEFAULT_MAX_TOKENS = 128
 """Tokens per answer when ``build_graph`` makes its own chat model."""
@@ -113,49 +108,6 @@ class SpecialistTask(TypedDict):
 # ---------------------------------------------------------------- input and prompts
 
 
-def check_roles(roles: Sequence[str] | None, *, default: Sequence[str] = DEFAULT_ROLES) -> list[str]:
-    """The role list of a run: ``default`` when ``None``, else 1 to MAX_ROLES distinct, non-empty names.
-
-    Raises:
-        TypeError: ``roles`` is a string or holds something other than strings.
-        ValueError: Empty, more than MAX_ROLES, a blank name, or a name given twice.
-    """
-    if roles is None:
-        return list(default)
-    if isinstance(roles, str) or not isinstance(roles, Sequence):
-        msg = f"roles must be a list of role names, got {type(roles).__name__}; e.g. ['legal', 'finance']"
-        raise TypeError(msg)
-    if not all(isinstance(role, str) for role in roles):
-        msg = f"roles must hold strings, got {[type(role).__name__ for role in roles]}"
-        raise TypeError(msg)
-    names = [role.strip() for role in roles]
-    if not names:
-        msg = f"roles is empty; pass 1 to {MAX_ROLES} role names, or leave roles out for {list(default)}"
-        raise ValueError(msg)
-    if len(names) > MAX_ROLES:
-        msg = (
-            f"{len(names)} roles given, but at most {MAX_ROLES} roles read one pool in parallel ({MAX_ROLES} is the "
-            "tested bound, and each parallel role holds a cache of its own); split the roles over several runs"
-        )
-        raise ValueError(msg)
-    if not all(names):
-        msg = f"roles holds a blank name: {list(roles)!r}; give every role a name"
-        raise ValueError(msg)
-    duplicates = sorted({name for name in names if names.count(name) > 1})
-    if duplicates:
-        msg = f"roles {duplicates} are given more than once; each role answers once per run"
-        raise ValueError(msg)
-    return names
-
-
-def check_document(document: object) -> str:
-    """The document text; a clear error for a missing or blank one."""
-    if not isinstance(document, str) or not document.strip():
-        msg = f"state['document'] must be the document text, got {type(document).__name__} {document!r:.40}"
-        raise ValueError(msg)
-    return document
-
-
 def role_prompt(role: str) -> str:
     """The system prompt of ``role``: its own from :data:`ROLE_PROMPTS`, else the generic one."""
     return ROLE_PROMPTS.get(role, GENERIC_ROLE_PROMPT.format(role=role))
@@ -201,16 +153,10 @@ def summarizer_messages(findings: Sequence[Finding], roles: Sequence[str], criti
     return [SystemMessage(SUMMARIZER_PROMPT), HumanMessage(task)]
 
 
-def cache_read(message: AIMessage) -> int:
-    """Tokens the call read from the pool (0 for a call without one)."""
-    usage = message.usage_metadata or {}
-    return int(usage.get("input_token_details", {}).get("cache_read", 0))
-
-
 def check_input(state: State) -> dict[str, Any]:
     """Refuse bad input before the model is loaded or the document prefilled; default the roles."""
-    check_document(state.get("document"))
-    return {"roles": check_roles(state.get("roles"))}
+    check_text(state, "document")
+    return {"roles": check_roles(state.get("roles"), default=DEFAULT_ROLES)}
 
 
 def assign_specialists(state: State) -> list[Send]:
@@ -239,6 +185,7 @@ def build_graph(
     checkpointer: Checkpointer = None,
     max_tokens: int | None = None,
     name: str = "document_review",
+    share_pool: bool = True,
 ) -> CompiledStateGraph:
     """The compiled document-review graph. Nothing is loaded until the first run.
 
@@ -249,8 +196,10 @@ def build_graph(
         checkpointer: A LangGraph checkpointer (e.g. ``InMemorySaver``, ``SqliteSaver``) for threads.
         max_tokens: Tokens per answer; overrides ``chat.max_tokens`` when given.
         name: The compiled graph's name.
+        share_pool: ``False`` builds the baseline benchmarks compare with: no pool, every call prefills
+            the document again.
     """
-    prefetch = PrefetchDocument(_role_chat(chat, max_tokens), store=store)
+    prefetch = PrefetchDocument(_role_chat(chat, max_tokens), store=store, share_pool=share_pool)
 
     def ask(state: Any, role: str, messages: list[BaseMessage]) -> AIMessage:
         # The tag and metadata label this call's tokens in stream_mode="messages" (parallel branches share a node).

@@ -33,16 +33,8 @@ from typing_extensions import NotRequired, TypedDict
 from polykv_agents.chat_model import ChatPolyKV
 from polykv_agents.handle import PoolHandle
 from polykv_agents.prefetch import PrefetchDocument
+from polykv_agents.roles import cache_read, check_roles, check_text
 from polykv_agents.store import PoolStore
-
-# This file deliberately repeats the small role-list check of graphs/document_review.py: `langgraph dev`
-# loads each graph file by path, and a graph that imports only polykv_agents and LangGraph always loads.
-
-MAX_ROLES = 15
-"""Most roles one run accepts: 15 parallel calls over one pool is the bound the tests cover (15 branches
-equal to 15 sequential greedy calls) and ``pool.memory_report(n_agents=15)`` measures. Each parallel role
-adds a row to the decode batch with a cache of its own (its prompt and answer, about 45 KiB per token for
-SmolLM2-135M in fp32; with ``ChatPolyKV(runtime="private")`` the whole decoded document too). More is refused."""
 
 DEFAULT_MAX_TOKENS = 128
 """Tokens per answer when ``build_graph`` makes its own chat model."""
@@ -109,50 +101,6 @@ class RoleTask(TypedDict):
 # ---------------------------------------------------------------- input and prompts
 
 
-def check_roles(roles: Sequence[str] | None, *, default: Sequence[str] = DEFAULT_ROLES) -> list[str]:
-    """The role list of a run: ``default`` when ``None``, else 1 to MAX_ROLES distinct, non-empty names.
-
-    Raises:
-        TypeError: ``roles`` is a string or holds something other than strings.
-        ValueError: Empty, more than MAX_ROLES, a blank name, or a name given twice.
-    """
-    if roles is None:
-        return list(default)
-    if isinstance(roles, str) or not isinstance(roles, Sequence):
-        msg = f"roles must be a list of role names, got {type(roles).__name__}; e.g. ['analyst', 'skeptic']"
-        raise TypeError(msg)
-    if not all(isinstance(role, str) for role in roles):
-        msg = f"roles must hold strings, got {[type(role).__name__ for role in roles]}"
-        raise TypeError(msg)
-    names = [role.strip() for role in roles]
-    if not names:
-        msg = f"roles is empty; pass 1 to {MAX_ROLES} role names, or leave roles out for {list(default)}"
-        raise ValueError(msg)
-    if len(names) > MAX_ROLES:
-        msg = (
-            f"{len(names)} roles given, but at most {MAX_ROLES} roles read one pool in parallel ({MAX_ROLES} is the "
-            "tested bound, and each parallel role holds a cache of its own); split the roles over several runs"
-        )
-        raise ValueError(msg)
-    if not all(names):
-        msg = f"roles holds a blank name: {list(roles)!r}; give every role a name"
-        raise ValueError(msg)
-    duplicates = sorted({name for name in names if names.count(name) > 1})
-    if duplicates:
-        msg = f"roles {duplicates} are given more than once; each role answers once per run"
-        raise ValueError(msg)
-    return names
-
-
-def check_text(state: State, key: str) -> str:
-    """``state[key]`` as non-blank text; a clear error otherwise."""
-    value = state.get(key)
-    if not isinstance(value, str) or not value.strip():
-        msg = f"state[{key!r}] must be non-empty text, got {type(value).__name__} {value!r:.40}"
-        raise ValueError(msg)
-    return value
-
-
 def role_prompt(role: str) -> str:
     """The system prompt of ``role``: its own from :data:`ROLE_PROMPTS`, else the generic one."""
     return ROLE_PROMPTS.get(role, GENERIC_ROLE_PROMPT.format(role=role))
@@ -172,17 +120,11 @@ def aggregate_messages(question: str, answers: Sequence[RoleAnswer], roles: Sequ
     return [SystemMessage(AGGREGATOR_PROMPT), HumanMessage(task)]
 
 
-def cache_read(message: AIMessage) -> int:
-    """Tokens the call read from the pool (0 for a call without one)."""
-    usage = message.usage_metadata or {}
-    return int(usage.get("input_token_details", {}).get("cache_read", 0))
-
-
 def check_input(state: State) -> dict[str, Any]:
     """Refuse bad input before the model is loaded or the document prefilled; default the roles."""
     check_text(state, "document")
     check_text(state, "question")
-    return {"roles": check_roles(state.get("roles"))}
+    return {"roles": check_roles(state.get("roles"), default=DEFAULT_ROLES)}
 
 
 def dispatch_roles(state: State) -> list[Send]:

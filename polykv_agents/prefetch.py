@@ -23,6 +23,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from langchain_core.messages import BaseMessage, HumanMessage, convert_to_messages
+from langchain_core.prompt_values import PromptValue
+from langchain_core.runnables import Runnable, RunnableLambda
+
 from polykv_agents.chat_model import ChatPolyKV
 from polykv_agents.config import CompressionConfig
 from polykv_agents.handle import PoolHandle
@@ -38,6 +42,15 @@ DEFAULT_SHARED_PROMPT = (
 )
 
 
+def _as_messages(value: Any) -> list[BaseMessage]:
+    """A chat model's input (a string, a prompt value or message-likes) as messages."""
+    if isinstance(value, str):
+        return [HumanMessage(value)]
+    if isinstance(value, PromptValue):
+        return value.to_messages()
+    return convert_to_messages(value)
+
+
 class PrefetchDocument:
     """A LangGraph node (a callable ``state -> update``) that prefetches and compresses the document.
 
@@ -50,6 +63,8 @@ class PrefetchDocument:
         document_key: State key of the document text.
         pool_key: State key the pool handle is written to.
         registry: The pool registry (the process-wide one by default).
+        share_pool: ``False`` turns the node into the baseline that benchmarks compare with: no pool
+            is built, and every role call prefills the document again, as a plain local chat model does.
     """
 
     def __init__(
@@ -62,6 +77,7 @@ class PrefetchDocument:
         document_key: str = "document",
         pool_key: str = "pool",
         registry: PoolRegistry = POOL_REGISTRY,
+        share_pool: bool = True,
     ) -> None:
         self.chat = chat
         self.config = config or CompressionConfig()
@@ -70,6 +86,7 @@ class PrefetchDocument:
         self.document_key = document_key
         self.pool_key = pool_key
         self.registry = registry
+        self.share_pool = share_pool
         self.__name__ = "prefetch_document"  # LangGraph names a node after its callable
 
     def document_messages(self, state: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -83,7 +100,10 @@ class PrefetchDocument:
             raise ValueError(msg)
         return [{"role": "system", "content": self.shared_prompt}, {"role": "user", "content": document}]
 
-    def __call__(self, state: Mapping[str, Any]) -> dict[str, PoolHandle]:
+    def __call__(self, state: Mapping[str, Any]) -> dict[str, PoolHandle | None]:
+        if not self.share_pool:
+            self.document_messages(state)  # same input check as with a pool
+            return {self.pool_key: None}
         model, tokenizer = load_model(self.chat.model, device=self.chat.device)
         pool = self.registry.get_or_build(
             model, tokenizer, self.document_messages(state), config=self.config, store=self.store
@@ -95,12 +115,16 @@ class PrefetchDocument:
             store_dir = str(self.store.directory)
         return {self.pool_key: PoolHandle.from_pool(pool, store_dir=store_dir)}
 
-    def pooled_chat(self, state: Mapping[str, Any], chat: ChatPolyKV | None = None) -> ChatPolyKV:
+    def pooled_chat(self, state: Mapping[str, Any], chat: ChatPolyKV | None = None) -> Runnable:
         """``chat`` (default: this node's chat model) bound to the pool in ``state``.
 
         Raises:
             ValueError: The prefetch node has not run yet in this workflow (no handle in state).
         """
+        chat = chat or self.chat
+        if not self.share_pool:  # the baseline: the whole document goes in front of every call
+            prefix = convert_to_messages(self.document_messages(state))
+            return RunnableLambda(lambda value: [*prefix, *_as_messages(value)]) | chat
         handle = state.get(self.pool_key)
         if handle is None:
             msg = (
@@ -112,4 +136,4 @@ class PrefetchDocument:
             handle = PoolHandle.model_validate(handle)
         # Without the document, the registry or the store must still hold the pool.
         document = self.document_messages(state) if state.get(self.document_key) else None
-        return (chat or self.chat).with_pool(handle, document=document)
+        return chat.with_pool(handle, document=document)

@@ -74,3 +74,28 @@ def test_empty_document_is_a_clean_error(smollm, tmp_path):
     assert result.exit_code == 1
     assert "document is empty" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_bench_agents_json_has_the_documented_keys(smollm, text_file):
+    result = runner.invoke(
+        app,
+        [
+            "bench", "agents", "--document", str(text_file), "--agents", "3", "--context-tokens", "128",
+            "--max-new-tokens", "4", "--repetitions", "1", "--json",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)
+    for key in (
+        "kv_bytes_pooled_peak",
+        "kv_bytes_naive_peak",
+        "throughput_tok_s_batched",
+        "throughput_tok_s_sequential",
+        "throughput_tok_s_naive_batched",
+        "ttft_s_pool",
+        "ttft_s_reprefill",
+        "rss_peak_bytes",
+    ):
+        assert row[key] > 0, key
+    # Three copies of the decoded prefix cost more than one pool plus one shared decoded prefix.
+    assert row["kv_bytes_naive_peak"] > row["kv_bytes_pooled_peak"]

@@ -1,0 +1,68 @@
+"""Role lists and per-call measurements shared by the LangGraph workflows in graphs/.
+
+Kept in the package (not in graphs/) because ``langgraph build`` installs the package and loads each
+graph file on its own: both graphs import these from here instead of repeating them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from langchain_core.messages import AIMessage
+
+MAX_ROLES = 15
+"""Most parallel roles one run accepts: 15 parallel calls over one pool is the bound the tests cover (15 branches
+equal to 15 sequential greedy calls) and ``pool.memory_report(n_agents=15)`` measures. Each parallel role
+adds a row to the decode batch with a cache of its own (its prompt and answer, about 45 KiB per token for
+SmolLM2-135M in fp32; with ``ChatPolyKV(runtime="private")`` the whole decoded document too). More is refused."""
+
+
+def check_roles(roles: Sequence[str] | None, *, default: Sequence[str]) -> list[str]:
+    """The role list of a run: ``default`` when ``None``, else 1 to MAX_ROLES distinct, non-empty names.
+
+    Raises:
+        TypeError: ``roles`` is a string or holds something other than strings.
+        ValueError: Empty, more than MAX_ROLES, a blank name, or a name given twice.
+    """
+    if roles is None:
+        return list(default)
+    if isinstance(roles, str) or not isinstance(roles, Sequence):
+        msg = f"roles must be a list of role names, got {type(roles).__name__}; e.g. ['legal', 'finance']"
+        raise TypeError(msg)
+    if not all(isinstance(role, str) for role in roles):
+        msg = f"roles must hold strings, got {[type(role).__name__ for role in roles]}"
+        raise TypeError(msg)
+    names = [role.strip() for role in roles]
+    if not names:
+        msg = f"roles is empty; pass 1 to {MAX_ROLES} role names, or leave roles out for {list(default)}"
+        raise ValueError(msg)
+    if len(names) > MAX_ROLES:
+        msg = (
+            f"{len(names)} roles given, but at most {MAX_ROLES} roles read one pool in parallel ({MAX_ROLES} is the "
+            "tested bound, and each parallel role holds a cache of its own); split the roles over several runs"
+        )
+        raise ValueError(msg)
+    if not all(names):
+        msg = f"roles holds a blank name: {list(roles)!r}; give every role a name"
+        raise ValueError(msg)
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        msg = f"roles {duplicates} are given more than once; each role answers once per run"
+        raise ValueError(msg)
+    return names
+
+
+def check_text(state: Mapping[str, Any], key: str) -> str:
+    """``state[key]`` as non-blank text; a clear error otherwise."""
+    value = state.get(key)
+    if not isinstance(value, str) or not value.strip():
+        msg = f"state[{key!r}] must be non-empty text, got {type(value).__name__} {value!r:.40}"
+        raise ValueError(msg)
+    return value
+
+
+def cache_read(message: AIMessage) -> int:
+    """Tokens the call read from the pool (0 for a call without one)."""
+    usage = message.usage_metadata or {}
+    return int(usage.get("input_token_details", {}).get("cache_read", 0))
