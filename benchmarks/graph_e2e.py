@@ -24,9 +24,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # graphs/ lives next to the package
 
-from graphs.document_review import ROLE_PROMPTS, build_graph  # noqa: E402
-from polykv_agents import load_model  # noqa: E402
-from polykv_agents.eval import pydoc_documents  # noqa: E402
+from graphs.document_review import ROLE_PROMPTS, build_graph
+from polykv_agents import load_model
+from polykv_agents.eval import pydoc_documents
 
 EXTRA_ROLES = ["procurement", "quality", "audit", "strategy", "data"]
 

@@ -79,6 +79,74 @@ def pool_build_section(data: dict) -> list[str]:
     return lines
 
 
+def agents_section(results: list[dict]) -> list[str]:
+    first = results[0]
+    lines = [
+        "## Many agents at once: batched runtime vs sequential vs naive batching",
+        "",
+        f"Machine: x86_64, {first['threads']} torch threads, CPU. Model: {first['model_name']} "
+        f"({first['dtype']}; every baseline runs in the same dtype). {first['agents']} agents, "
+        f"{first['max_new_tokens']} tokens each (EOS ignored, so every method decodes the same tokens). "
+        f"Median of {first['repetitions']} runs after 1 warm-up. "
+        "Document: pydoc_data.topics (CPython), cut to the context length.",
+        "",
+        "- `batched`: the runtime (one shared decoded prefix, cascade attention, one batched forward per step);",
+        "- `sequential`: the same agents one after another, each alone over a private decoded copy of the pool;",
+        "- `naive batched`: one batched forward per step over the decoded prefix copied once per agent;",
+        "- TTFT: one agent's first token from the pool, vs prefilling document + question (a plain chat model).",
+        "",
+        "| context | prefix residency | KV peak, runtime | KV peak, naive | tok/s batched | tok/s sequential "
+        "| tok/s naive batched | TTFT pool | TTFT re-prefill | process peak RSS |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['context_tokens']} | {r['runtime']} | {r['kv_bytes_pooled_peak'] / 2**20:.1f} MiB "
+            f"| {r['kv_bytes_naive_peak'] / 2**20:.1f} MiB "
+            f"| {r['throughput_tok_s_batched']:.1f} | {r['throughput_tok_s_sequential']:.1f} "
+            f"| {r['throughput_tok_s_naive_batched']:.1f} | {r['ttft_s_pool']:.3f} s | {r['ttft_s_reprefill']:.2f} s "
+            f"| {r['rss_peak_bytes'] / 2**30:.2f} GiB |"
+        )
+    lines += [
+        "",
+        "| context | prefix residency | KV memory: naive / runtime | batched / sequential | batched / naive "
+        "| TTFT speed-up |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['context_tokens']} | {r['runtime']} | {r['kv_bytes_naive_peak'] / r['kv_bytes_pooled_peak']:.1f}x "
+            f"| {r['throughput_tok_s_batched'] / r['throughput_tok_s_sequential']:.1f}x "
+            f"| {r['throughput_tok_s_batched'] / r['throughput_tok_s_naive_batched']:.1f}x "
+            f"| {r['ttft_s_reprefill'] / r['ttft_s_pool']:.0f}x |"
+        )
+    return lines
+
+
+def graph_section(data: dict) -> list[str]:
+    meta, rows = data["meta"], data["rows"]
+    lines = [
+        "## End to end: the document-review graph",
+        "",
+        f"Machine: {meta['machine']}, torch {meta['torch']}. Model: {meta['model']} ({meta['dtype']}). "
+        f"{meta['calls_per_run']} model calls per run (planner, specialists in parallel, critic, summarizer). "
+        f"Median of {meta['repetitions']} runs after {meta['warmup_runs']} warm-up. Document: {meta['document']}. "
+        "The pooled graph builds its pool inside every run; the baseline (`build_graph(share_pool=False)`) "
+        "prefills the document in every call.",
+        "",
+        "| context | roles | tokens per answer | wall, pooled | wall, re-prefill | speed-up "
+        "| output tokens (pooled / re-prefill) |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['context_tokens']} | {r['roles']} | {r['max_tokens']} | {r['wall_s_pooled']:.1f} s "
+            f"| {r['wall_s_reprefill']:.1f} s | {r['speedup']:.1f}x | {r['output_tokens_pooled']:.0f} / "
+            f"{r['output_tokens_reprefill']:.0f} |"
+        )
+    return lines
+
+
 def main() -> None:
     lines = [
         "# Results",
@@ -92,6 +160,18 @@ def main() -> None:
     if build:
         lines += ["Produced by `python benchmarks/pool_build.py --contexts 2048 4096 --repetitions 3`.", ""]
         lines += [*pool_build_section(build), ""]
+    agents = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("agents_*.json")) if p.stat().st_size]
+    if agents:
+        lines += [
+            "Produced by `polykv-agents bench agents --document DOC --agents 15 --context-tokens T --max-new-tokens 32 "
+            "--repetitions 3 --json` for T in 2048 and 4096 (DOC: the first 60k characters of pydoc_data.topics).",
+            "",
+        ]
+        lines += [*agents_section(sorted(agents, key=lambda r: (r["context_tokens"], r["runtime"]))), ""]
+    graph = _load("graph_e2e")
+    if graph:
+        lines += ["Produced by `python benchmarks/graph_e2e.py`.", ""]
+        lines += [*graph_section(graph), ""]
     if sweep:
         lines += [
             "Produced by `python benchmarks/perplexity_sweep.py --documents 5 --contexts 600 2048 4096 7168`.",

@@ -8,8 +8,8 @@ runs plain SDPA for ordinary calls, and cascade attention for calls that pass a
 Shapes (B agents in the batch, q new tokens each, H query heads, KVH kv heads, G = H / KVH):
   query  [B, H, q, D]
   prefix [1, KVH, T, D]  (shared: read once per layer for the whole batch)
-  suffix [B, KVH, S, D]  (each agent's own tokens, padded to the longest; row r holds
-                          ``lengths[r] + q`` valid tokens after this step's update)
+  suffix [B, KVH, S, D]  (each agent's own tokens, padded to the longest; row r's slots
+                          ``starts[r] .. lengths[r] + q - 1`` are valid after this step's update)
 
   prefix part: q -> [KVH, B*G*q, D] @ [KVH, D, T] -> softmax with log-sum-exp l1 -> o1
   suffix part: per-agent masked attention -> l2, o2
@@ -18,8 +18,6 @@ which equals softmax attention over the concatenation [prefix, suffix] without e
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from transformers import AttentionInterface
@@ -31,17 +29,34 @@ from polykv_agents.runtime.shared_prefix import SharedPrefix
 ATTENTION_NAME = "polykv_cascade"
 
 
-@dataclass(frozen=True)
 class CascadeContext:
     """What one batched forward needs beyond the model's own arguments.
 
-    Attributes:
+    Args:
         prefix: The shared prefix every row attends to.
-        past_lengths: ``[B]`` suffix tokens each row had before this step.
+        past_lengths: ``[B]`` suffix slots each row had filled before this step.
+        starts: ``[B]`` leading slots of each row that hold left padding (never attended to);
+            ``None`` for none.
     """
 
-    prefix: SharedPrefix
-    past_lengths: torch.Tensor
+    def __init__(self, prefix: SharedPrefix, past_lengths: torch.Tensor, starts: torch.Tensor | None = None) -> None:
+        self.prefix = prefix
+        self.past_lengths = past_lengths
+        self.starts = torch.zeros_like(past_lengths) if starts is None else starts
+        self._mask: torch.Tensor | None = None
+
+    def suffix_mask(self, suffix_len: int, q_len: int, device: torch.device) -> torch.Tensor:
+        """``[B, 1, 1, q, S]``: row r's query i sees suffix slot j iff ``starts[r] <= j <= past[r] + i``.
+
+        Built once per forward and shared by every layer.
+        """
+        if self._mask is None or self._mask.shape[-1] != suffix_len or self._mask.shape[-2] != q_len:
+            batch = self.past_lengths.numel()
+            slots = torch.arange(suffix_len, device=device).view(1, 1, suffix_len)
+            limits = self.past_lengths.to(device).view(batch, 1) + torch.arange(q_len, device=device)
+            visible = (slots <= limits.view(batch, q_len, 1)) & (slots >= self.starts.to(device).view(batch, 1, 1))
+            self._mask = visible.view(batch, 1, 1, q_len, suffix_len)
+        return self._mask
 
 
 def _attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float, mask=None):
@@ -55,9 +70,12 @@ def _attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scali
         scores = scores.masked_fill(~mask, float("-inf"))
     # One exp pass serves both the output and the log-sum-exp (torch.logsumexp would add a second).
     top = scores.amax(dim=-1, keepdim=True)
+    # A fully masked row (a left-padding query) must give out = 0 and lse = -inf, not NaN: NaN here
+    # would flow into the padding slots' keys/values, and 0 * NaN poisons every later weighted sum.
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     weights = torch.exp(scores - top)
     total = weights.sum(dim=-1, keepdim=True)
-    out = torch.matmul(weights, values.float()) / total
+    out = torch.matmul(weights, values.float()) / total.clamp_min(torch.finfo(total.dtype).tiny)
     return out, top + torch.log(total)
 
 
@@ -91,11 +109,8 @@ def cascade_attention_forward(
     out_prefix = out_prefix.view(kv_heads, batch, groups, q_len, head_dim).permute(1, 0, 2, 3, 4)
     lse_prefix = lse_prefix.view(kv_heads, batch, groups, q_len, 1).permute(1, 0, 2, 3, 4)
 
-    # Suffix: row r, query i may see suffix key j iff j <= past_lengths[r] + i (causal, and padding).
-    suffix_len = key.shape[-2]
-    positions = torch.arange(suffix_len, device=query.device)  # [S]
-    limits = cascade.past_lengths.to(query.device).view(batch, 1) + torch.arange(q_len, device=query.device)
-    mask = (positions.view(1, 1, suffix_len) <= limits.view(batch, q_len, 1)).view(batch, 1, 1, q_len, suffix_len)
+    # Suffix: each row's own tokens, causal, left padding masked.
+    mask = cascade.suffix_mask(key.shape[-2], q_len, query.device)
     grouped_query = query.view(batch, kv_heads, groups, q_len, head_dim)
     out_suffix, lse_suffix = _attend(grouped_query, key.unsqueeze(2), value.unsqueeze(2), scaling, mask)
 

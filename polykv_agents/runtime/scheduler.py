@@ -4,8 +4,8 @@ Requests arrive from any thread (LangGraph ``Send`` branches, ``batch``/``abatch
 threads). One worker thread per (model, pool, residency) owns the model's forward passes and runs:
 
   loop:
-    admit new requests: prefill each one's prompt on top of the shared prefix (a one-row
-      SuffixCache, cascade attention), sample its first token, append the row to the batch
+    admit new requests: prefill their prompts together on top of the shared prefix (left-padded
+      rows of a new SuffixCache, cascade attention), sample each first token, append the rows
     drop rows that finished or were cancelled
     one decode step for the whole batch: last tokens ``[B, 1]`` at positions ``T + lengths``,
       cascade attention (prefix read once for all rows), each row sampled with its own settings
@@ -163,8 +163,10 @@ class BatchScheduler:
     def _forward(self, ids: torch.Tensor, cache: SuffixCache) -> torch.Tensor:
         """Forward ``ids [B, q]`` for the rows of ``cache``; returns last-position logits ``[B, vocab]``."""
         q_len = ids.shape[-1]
-        positions = self.prefix.num_tokens + cache.lengths.view(-1, 1) + torch.arange(q_len)  # [B, q]
-        context = CascadeContext(self.prefix, cache.lengths.clone())
+        # Row r's token in slot j sits at position T + j - starts[r]; left padding gets clamped positions.
+        slots = (cache.lengths - cache.starts).view(-1, 1) + torch.arange(q_len)
+        positions = (self.prefix.num_tokens + slots).clamp(min=0)  # [B, q]
+        context = CascadeContext(self.prefix, cache.lengths.clone(), cache.starts.clone())
         with torch.inference_mode():
             logits = self.model(
                 input_ids=ids.to(self.model.device),
@@ -178,28 +180,46 @@ class BatchScheduler:
         return logits[:, -1]
 
     def _admit(self) -> None:
-        while len(self._rows) < self.max_batch_size:
+        """Prefill every waiting request (up to the free rows) in ONE forward: prompts are left-padded
+        to the longest, so each row's last prompt token is the last position, and the padding slots
+        are masked for good."""
+        admitted: list[_Request] = []
+        while len(self._rows) + len(admitted) < self.max_batch_size:
             try:
                 request = self._inbox.get_nowait()
             except queue.Empty:
-                return
+                break
             if request.cancelled.is_set():
                 request.finish("stop")
-                continue
-            if request.budget == 0:
+            elif request.budget == 0:
                 request.finish("length")
-                continue
-            row_cache = SuffixCache(self._num_layers, 1)
-            try:
-                logits = self._forward(request.prompt_ids.view(1, -1), row_cache)
-            except Exception as e:  # this request's prompt failed; the batch is untouched
+            else:
+                admitted.append(request)
+        if not admitted:
+            return
+        width = max(r.prompt_ids.numel() for r in admitted)
+        ids = torch.zeros(len(admitted), width, dtype=torch.long)
+        new_rows = SuffixCache(self._num_layers, len(admitted))
+        for row, request in enumerate(admitted):
+            pad = width - request.prompt_ids.numel()
+            ids[row, pad:] = request.prompt_ids
+            new_rows.starts[row] = pad
+        try:
+            logits = self._forward(ids, new_rows)
+        except Exception as e:  # these prompts failed; the running batch is untouched
+            for request in admitted:
                 request.out.put(e)
-                continue
-            self._emit(request, logits[0])
+            return
+        keep = []
+        for row, request in enumerate(admitted):
+            self._emit(request, logits[row])
             if request.stats.finish_reason is None:
-                self._cache.concat(row_cache)
+                keep.append(row)
                 self._rows.append(request)
-                self.peak_batch_size = max(self.peak_batch_size, len(self._rows))
+        if keep:
+            new_rows.select(torch.tensor(keep, dtype=torch.long))
+            self._cache.concat(new_rows)
+        self.peak_batch_size = max(self.peak_batch_size, len(self._rows))
 
     def _drop_finished(self) -> None:
         keep = [i for i, r in enumerate(self._rows) if r.stats.finish_reason is None and not r.cancelled.is_set()]

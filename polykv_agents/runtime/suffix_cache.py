@@ -1,7 +1,8 @@
 """The per-agent half of the runtime's KV cache: each agent's own tokens, batched, never the prefix.
 
 A :class:`SuffixCache` holds, per layer, keys and values ``[B, kv_heads, capacity, head_dim]``:
-row r's first ``lengths[r]`` positions are agent r's suffix (its role prompt, question and
+row r's slots ``starts[r] .. lengths[r] - 1`` are agent r's suffix (slots before ``starts[r]`` hold
+left padding from a batched admission) (its role prompt, question and
 generated tokens). A forward writes this step's ``q`` new tokens of every row at its own offset;
 :meth:`advance` then commits them. Rows join (:meth:`concat`) and leave (:meth:`select`) between
 steps. The shared prefix is never stored here: cascade attention reads it from the SharedPrefix.
@@ -11,6 +12,9 @@ from __future__ import annotations
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+_GROWTH = 16
+"""Slots added at a time when a row outgrows the cache."""
 
 
 class _SuffixLayer(CacheLayerMixin):
@@ -47,7 +51,9 @@ class _SuffixLayer(CacheLayerMixin):
         return self.keys[:, :, :needed], self.values[:, :, :needed]
 
     def _grow(self, needed: int) -> None:
-        capacity = max(needed, 2 * self.keys.shape[-2])
+        # Grow in small steps, not by doubling: suffixes are short, and spare capacity is KV memory
+        # held for every row of the batch.
+        capacity = -(-needed // _GROWTH) * _GROWTH
         pad = capacity - self.keys.shape[-2]
         self.keys = torch.nn.functional.pad(self.keys, (0, 0, 0, pad))
         self.values = torch.nn.functional.pad(self.values, (0, 0, 0, pad))
@@ -65,9 +71,10 @@ class _SuffixLayer(CacheLayerMixin):
 class SuffixCache(Cache):
     """Batched per-agent suffixes for all decoder layers."""
 
-    def __init__(self, num_layers: int, batch_size: int, *, capacity: int = 64) -> None:
+    def __init__(self, num_layers: int, batch_size: int, *, capacity: int = _GROWTH) -> None:
         self.capacity = capacity
-        self.lengths = torch.zeros(batch_size, dtype=torch.long)  # [B] committed tokens per row
+        self.lengths = torch.zeros(batch_size, dtype=torch.long)  # [B] slots filled per row
+        self.starts = torch.zeros(batch_size, dtype=torch.long)  # [B] leading slots of left padding
         super().__init__(layers=[_SuffixLayer(self) for _ in range(num_layers)])
 
     @property
@@ -85,7 +92,7 @@ class SuffixCache(Cache):
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (a long tensor of row indices), in that order."""
-        self.lengths = self.lengths[rows]
+        self.lengths, self.starts = self.lengths[rows], self.starts[rows]
         for layer in self.layers:
             if layer.is_initialized:
                 index = rows.to(layer.keys.device)
@@ -103,6 +110,7 @@ class SuffixCache(Cache):
             mine.keys = torch.cat([_fit(mine.keys, width), _fit(theirs.keys, width)])
             mine.values = torch.cat([_fit(mine.values, width), _fit(theirs.values, width)])
         self.lengths = torch.cat([self.lengths, other.lengths])
+        self.starts = torch.cat([self.starts, other.starts])
 
     def _width(self) -> int:
         initialized = [layer.keys.shape[-2] for layer in self.layers if layer.is_initialized]

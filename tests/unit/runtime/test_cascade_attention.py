@@ -81,3 +81,49 @@ def test_compressed_residency_holds_no_decoded_prefix(setup):
     assert decompressed.resident_nbytes == pool.model_dtype_nbytes  # decoded once, in the model's dtype
     with pytest.raises(ValueError, match="residency"):
         SharedPrefix(pool, model, "gpu")
+
+
+def test_left_padded_rows_prefilled_together_match_ordinary_attention(setup):
+    """Batched admission: prompts of different lengths, left-padded into one forward, then decoded."""
+    model, reference, pool = setup
+    prefix = SharedPrefix(pool, model)
+    prompts = [torch.tensor([5, 6, 7, 8, 9, 10, 11]), torch.tensor([20, 21])]
+    width = max(p.numel() for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    cache = SuffixCache(model.config.num_hidden_layers, len(prompts))
+    for row, prompt in enumerate(prompts):
+        ids[row, width - prompt.numel() :] = prompt
+        cache.starts[row] = width - prompt.numel()
+    positions = (pool.num_tokens + (cache.lengths - cache.starts).view(-1, 1) + torch.arange(width)).clamp(min=0)
+    with torch.inference_mode():
+        logits = model(
+            input_ids=ids,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            cascade=CascadeContext(prefix, cache.lengths.clone(), cache.starts.clone()),
+        ).logits
+    cache.advance(width)
+    assert torch.isfinite(logits).all()
+    for row, prompt in enumerate(prompts):
+        torch.testing.assert_close(
+            logits[row, -1], _reference_logits(reference, pool, prompt)[-1], rtol=1e-4, atol=1e-5
+        )
+    step = _cascade_with_starts(model, prefix, cache, torch.tensor([[3], [4]]))
+    for row, prompt in enumerate(prompts):
+        expected = _reference_logits(reference, pool, torch.cat([prompt, torch.tensor([3 + row])]))[-1]
+        torch.testing.assert_close(step[row, -1], expected, rtol=1e-4, atol=1e-5)
+
+
+def _cascade_with_starts(model, prefix, cache: SuffixCache, ids: torch.Tensor) -> torch.Tensor:
+    positions = prefix.num_tokens + (cache.lengths - cache.starts).view(-1, 1) + torch.arange(ids.shape[-1])
+    with torch.inference_mode():
+        logits = model(
+            input_ids=ids,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            cascade=CascadeContext(prefix, cache.lengths.clone(), cache.starts.clone()),
+        ).logits
+    cache.advance(ids.shape[-1])
+    return logits
