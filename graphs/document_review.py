@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.graph.state import CompiledStateGraph
@@ -36,7 +36,7 @@ from typing_extensions import NotRequired, TypedDict
 from polykv_agents.chat_model import ChatPolyKV
 from polykv_agents.handle import PoolHandle
 from polykv_agents.prefetch import PrefetchDocument
-from polykv_agents.roles import cache_read, check_roles, check_text
+from polykv_agents.roles import MAX_ROLES, cache_read, check_roles, check_text, role_chat_model
 from polykv_agents.store import PoolStore
 
 DEFAULT_MAX_TOKENS = 128
@@ -172,12 +172,6 @@ def assign_specialists(state: State) -> list[Send]:
 # ---------------------------------------------------------------- the graph
 
 
-def _role_chat(chat: ChatPolyKV | None, max_tokens: int | None) -> ChatPolyKV:
-    if chat is None:
-        return ChatPolyKV(max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
-    return chat if max_tokens is None else chat.model_copy(update={"max_tokens": max_tokens})
-
-
 def build_graph(
     *,
     chat: ChatPolyKV | None = None,
@@ -199,22 +193,17 @@ def build_graph(
         share_pool: ``False`` builds the baseline benchmarks compare with: no pool, every call prefills
             the document again.
     """
-    prefetch = PrefetchDocument(_role_chat(chat, max_tokens), store=store, share_pool=share_pool)
-
-    def ask(state: Any, role: str, messages: list[BaseMessage]) -> AIMessage:
-        # The tag and metadata label this call's tokens in stream_mode="messages" (parallel branches share a node).
-        chat = prefetch.pooled_chat(state).with_config(metadata={"agent_role": role}, tags=[f"role:{role}"])
-        response = chat.invoke(messages)
-        response.name = role
-        return response
+    prefetch = PrefetchDocument(
+        role_chat_model(chat, max_tokens, default_max_tokens=DEFAULT_MAX_TOKENS), store=store, share_pool=share_pool
+    )
 
     def planner(state: State) -> dict[str, Any]:
-        response = ask(state, "planner", planner_messages(state["roles"]))
+        response = prefetch.invoke_role(state, "planner", planner_messages(state["roles"]))
         return {"plan": str(response.text), "messages": [response]}
 
     def specialist(task: SpecialistTask) -> dict[str, Any]:
         role = task["role"]
-        response = ask(task, role, specialist_messages(role, task["plan"]))
+        response = prefetch.invoke_role(task, role, specialist_messages(role, task["plan"]))
         finding = Finding(
             role=role,
             text=str(response.text),
@@ -224,12 +213,12 @@ def build_graph(
         return {"findings": [finding], "messages": [response]}
 
     def critic(state: State) -> dict[str, Any]:
-        response = ask(state, "critic", critic_messages(state["findings"], state["roles"]))
+        response = prefetch.invoke_role(state, "critic", critic_messages(state["findings"], state["roles"]))
         return {"critique": str(response.text), "messages": [response]}
 
     def summarizer(state: State) -> dict[str, Any]:
         messages = summarizer_messages(state["findings"], state["roles"], state["critique"])
-        response = ask(state, "summarizer", messages)
+        response = prefetch.invoke_role(state, "summarizer", messages)
         return {"summary": str(response.text), "messages": [response]}
 
     builder = StateGraph(State, input_schema=InputState)
@@ -246,7 +235,9 @@ def build_graph(
     builder.add_edge("specialist", "critic")
     builder.add_edge("critic", "summarizer")
     builder.add_edge("summarizer", END)
-    return builder.compile(checkpointer=checkpointer, name=name)
+    # LangGraph runs parallel branches on a thread pool of min(32, cores + 4) threads by default (6 on a
+    # 2-core machine); every role needs its own thread to join the same batched decode step.
+    return builder.compile(checkpointer=checkpointer, name=name).with_config(max_concurrency=MAX_ROLES + 1)
 
 
 # For `langgraph dev` (langgraph.json): POLYKV_POOL_STORE names a pool directory, so threads resumed

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.graph.state import CompiledStateGraph
@@ -33,7 +33,7 @@ from typing_extensions import NotRequired, TypedDict
 from polykv_agents.chat_model import ChatPolyKV
 from polykv_agents.handle import PoolHandle
 from polykv_agents.prefetch import PrefetchDocument
-from polykv_agents.roles import cache_read, check_roles, check_text
+from polykv_agents.roles import MAX_ROLES, cache_read, check_roles, check_text, role_chat_model
 from polykv_agents.store import PoolStore
 
 DEFAULT_MAX_TOKENS = 128
@@ -141,12 +141,6 @@ def dispatch_roles(state: State) -> list[Send]:
 # ---------------------------------------------------------------- the graph
 
 
-def _role_chat(chat: ChatPolyKV | None, max_tokens: int | None) -> ChatPolyKV:
-    if chat is None:
-        return ChatPolyKV(max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
-    return chat if max_tokens is None else chat.model_copy(update={"max_tokens": max_tokens})
-
-
 def build_graph(
     *,
     chat: ChatPolyKV | None = None,
@@ -165,17 +159,10 @@ def build_graph(
         max_tokens: Tokens per answer; overrides ``chat.max_tokens`` when given.
         name: The compiled graph's name.
     """
-    prefetch = PrefetchDocument(_role_chat(chat, max_tokens), store=store)
-
-    def ask(state: Any, role: str, messages: list[BaseMessage]) -> AIMessage:
-        # The tag and metadata label this call's tokens in stream_mode="messages" (parallel branches share a node).
-        chat = prefetch.pooled_chat(state).with_config(metadata={"agent_role": role}, tags=[f"role:{role}"])
-        response = chat.invoke(messages)
-        response.name = role
-        return response
+    prefetch = PrefetchDocument(role_chat_model(chat, max_tokens, default_max_tokens=DEFAULT_MAX_TOKENS), store=store)
 
     def role_answer(task: RoleTask) -> dict[str, Any]:
-        response = ask(task, task["role"], role_messages(task["role"], task["question"]))
+        response = prefetch.invoke_role(task, task["role"], role_messages(task["role"], task["question"]))
         answer = RoleAnswer(
             role=task["role"],
             text=str(response.text),
@@ -185,7 +172,9 @@ def build_graph(
         return {"answers": [answer], "messages": [response]}
 
     def aggregate(state: State) -> dict[str, Any]:
-        response = ask(state, "aggregator", aggregate_messages(state["question"], state["answers"], state["roles"]))
+        response = prefetch.invoke_role(
+            state, "aggregator", aggregate_messages(state["question"], state["answers"], state["roles"])
+        )
         return {"answer": str(response.text), "messages": [response]}
 
     builder = StateGraph(State, input_schema=InputState)
@@ -198,7 +187,9 @@ def build_graph(
     builder.add_conditional_edges("prefetch", dispatch_roles, ["role_answer"])
     builder.add_edge("role_answer", "aggregate")
     builder.add_edge("aggregate", END)
-    return builder.compile(checkpointer=checkpointer, name=name)
+    # LangGraph runs parallel branches on a thread pool of min(32, cores + 4) threads by default (6 on a
+    # 2-core machine); every role needs its own thread to join the same batched decode step.
+    return builder.compile(checkpointer=checkpointer, name=name).with_config(max_concurrency=MAX_ROLES + 1)
 
 
 # For `langgraph dev` (langgraph.json): POLYKV_POOL_STORE names a pool directory, so threads resumed

@@ -16,6 +16,7 @@ from typing import Literal
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import Cache
 
 from polykv_agents.compat import forward_with_cache, new_dynamic_cache
 from polykv_agents.documents import max_positions
@@ -40,7 +41,7 @@ def encode_prompt(
 
 
 @torch.inference_mode()
-def _forward_last(model: PreTrainedModel, ids: torch.Tensor, cache, start_position: int) -> torch.Tensor:
+def _forward_last(model: PreTrainedModel, ids: torch.Tensor, cache: Cache, start_position: int) -> torch.Tensor:
     logits = forward_with_cache(
         model, ids.to(model.device).unsqueeze(0), cache, start_position=start_position, logits_to_keep=1
     )
@@ -66,8 +67,17 @@ def _token_budget(model: PreTrainedModel, start: int, prompt_ids: torch.Tensor, 
     return min(settings.max_new_tokens, limit - start - prompt_ids.numel())
 
 
-def _private_cache_tokens(model, tokenizer, cache, start: int, prompt_ids, settings, budget, stats) -> Iterator[int]:
-    """The one-sequence loop over a cache this call owns."""
+def _private_cache_tokens(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    cache: Cache,
+    start: int,
+    prompt_ids: torch.Tensor,
+    settings: GenerationSettings,
+    budget: int,
+    stats: GenerationStats,
+) -> Iterator[int]:
+    """The one-sequence loop over a cache this call owns (``prompt_ids [n]`` at positions ``start ..``)."""
     eos_ids = eos_token_ids(model, tokenizer)
     generator = settings.make_generator()
     logits = _forward_last(model, prompt_ids, cache, start)

@@ -19,11 +19,11 @@ deterministically from the document in state if the file is gone.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from langchain_core.messages import BaseMessage, HumanMessage, convert_to_messages
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, convert_to_messages
 from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import Runnable, RunnableLambda
 
@@ -137,3 +137,12 @@ class PrefetchDocument:
         # Without the document, the registry or the store must still hold the pool.
         document = self.document_messages(state) if state.get(self.document_key) else None
         return chat.with_pool(handle, document=document)
+
+    def invoke_role(self, state: Mapping[str, Any], role: str, messages: Sequence[BaseMessage]) -> AIMessage:
+        """One role's call over the pool in ``state``: the reply is named after the role, and the call is
+        tagged ``role:<role>`` (metadata ``agent_role``) so ``stream_mode="messages"`` can tell parallel
+        branches of one node apart."""
+        chat = self.pooled_chat(state).with_config(metadata={"agent_role": role}, tags=[f"role:{role}"])
+        response = chat.invoke(list(messages))
+        response.name = role
+        return response

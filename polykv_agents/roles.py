@@ -11,6 +11,8 @@ from typing import Any
 
 from langchain_core.messages import AIMessage
 
+from polykv_agents.chat_model import ChatPolyKV
+
 MAX_ROLES = 15
 """Most parallel roles one run accepts: 15 parallel calls over one pool is the bound the tests cover (15 branches
 equal to 15 sequential greedy calls) and ``pool.memory_report(n_agents=15)`` measures. Each parallel role
@@ -66,3 +68,10 @@ def cache_read(message: AIMessage) -> int:
     """Tokens the call read from the pool (0 for a call without one)."""
     usage = message.usage_metadata or {}
     return int(usage.get("input_token_details", {}).get("cache_read", 0))
+
+
+def role_chat_model(chat: ChatPolyKV | None, max_tokens: int | None, *, default_max_tokens: int) -> ChatPolyKV:
+    """The chat model a graph's roles share: ``chat`` (or the embedded model's), with ``max_tokens`` applied."""
+    if chat is None:
+        return ChatPolyKV(max_tokens=default_max_tokens if max_tokens is None else max_tokens)
+    return chat if max_tokens is None else chat.model_copy(update={"max_tokens": max_tokens})
