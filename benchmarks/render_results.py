@@ -164,13 +164,17 @@ def main() -> None:
     if agents:
         lines += [
             "Produced by `polykv-agents bench agents --document DOC --agents 15 --context-tokens T --max-new-tokens 32 "
-            "--repetitions 3 --json` for T in 2048 and 4096 (DOC: the first 60k characters of pydoc_data.topics).",
+            "--repetitions 3 --json` for T in 2048 and 4096, and with `--runtime compressed` at 2048 (DOC: the first "
+            "60k characters of pydoc_data.topics).",
             "",
         ]
         lines += [*agents_section(sorted(agents, key=lambda r: (r["context_tokens"], r["runtime"]))), ""]
     graph = _load("graph_e2e")
     if graph:
-        lines += ["Produced by `python benchmarks/graph_e2e.py`.", ""]
+        lines += [
+            "Produced by `python benchmarks/graph_e2e.py --contexts 4096 --roles 15 --max-tokens 32 --repetitions 2`.",
+            "",
+        ]
         lines += [*graph_section(graph), ""]
     if sweep:
         lines += [
