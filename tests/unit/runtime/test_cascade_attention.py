@@ -32,15 +32,15 @@ def _reference_logits(reference, pool, ids: torch.Tensor) -> torch.Tensor:
 
 
 def _cascade(model, prefix, cache: SuffixCache, ids: torch.Tensor) -> torch.Tensor:
-    """ids [B, q] -> logits [B, q, vocab] through the cascade path."""
-    positions = prefix.num_tokens + cache.lengths.view(-1, 1) + torch.arange(ids.shape[-1])
+    """ids [B, q] -> logits [B, q, vocab] through the cascade path (left padding clamped to valid positions)."""
+    slots = (cache.lengths - cache.starts).view(-1, 1) + torch.arange(ids.shape[-1])
     with torch.inference_mode():
         logits = model(
             input_ids=ids,
-            position_ids=positions,
+            position_ids=(prefix.num_tokens + slots).clamp(min=0),
             cache=cache,
             use_cache=True,
-            cascade=CascadeContext(prefix, cache.lengths.clone()),
+            cascade=CascadeContext(prefix, cache.lengths.clone(), cache.starts.clone()),
         ).logits
     cache.advance(ids.shape[-1])
     return logits
@@ -94,36 +94,13 @@ def test_left_padded_rows_prefilled_together_match_ordinary_attention(setup):
     for row, prompt in enumerate(prompts):
         ids[row, width - prompt.numel() :] = prompt
         cache.starts[row] = width - prompt.numel()
-    positions = (pool.num_tokens + (cache.lengths - cache.starts).view(-1, 1) + torch.arange(width)).clamp(min=0)
-    with torch.inference_mode():
-        logits = model(
-            input_ids=ids,
-            position_ids=positions,
-            cache=cache,
-            use_cache=True,
-            cascade=CascadeContext(prefix, cache.lengths.clone(), cache.starts.clone()),
-        ).logits
-    cache.advance(width)
+    logits = _cascade(model, prefix, cache, ids)
     assert torch.isfinite(logits).all()
     for row, prompt in enumerate(prompts):
         torch.testing.assert_close(
             logits[row, -1], _reference_logits(reference, pool, prompt)[-1], rtol=1e-4, atol=1e-5
         )
-    step = _cascade_with_starts(model, prefix, cache, torch.tensor([[3], [4]]))
+    step = _cascade(model, prefix, cache, torch.tensor([[3], [4]]))
     for row, prompt in enumerate(prompts):
         expected = _reference_logits(reference, pool, torch.cat([prompt, torch.tensor([3 + row])]))[-1]
         torch.testing.assert_close(step[row, -1], expected, rtol=1e-4, atol=1e-5)
-
-
-def _cascade_with_starts(model, prefix, cache: SuffixCache, ids: torch.Tensor) -> torch.Tensor:
-    positions = prefix.num_tokens + (cache.lengths - cache.starts).view(-1, 1) + torch.arange(ids.shape[-1])
-    with torch.inference_mode():
-        logits = model(
-            input_ids=ids,
-            position_ids=positions,
-            cache=cache,
-            use_cache=True,
-            cascade=CascadeContext(prefix, cache.lengths.clone(), cache.starts.clone()),
-        ).logits
-    cache.advance(ids.shape[-1])
-    return logits
