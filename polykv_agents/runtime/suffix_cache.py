@@ -38,14 +38,9 @@ class _SuffixLayer(CacheLayerMixin):
         """Write ``[B, KVH, q, D]`` at each row's offset; return keys/values up to the longest row."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        q_len = key_states.shape[-2]
-        lengths = self._owner.lengths
-        needed = int(lengths.max()) + q_len
+        needed, index = self._owner.write_plan(key_states.shape, self.keys.device)
         if needed > self.keys.shape[-2]:
             self._grow(needed)
-        # index [B, 1, q, 1] of each new token's slot in its own row
-        slots = (lengths.view(-1, 1) + torch.arange(q_len)).to(self.keys.device)
-        index = slots.view(-1, 1, q_len, 1).expand(-1, key_states.shape[1], -1, key_states.shape[-1])
         self.keys.scatter_(2, index, key_states)
         self.values.scatter_(2, index, value_states)
         return self.keys[:, :, :needed], self.values[:, :, :needed]
@@ -75,15 +70,29 @@ class SuffixCache(Cache):
         self.capacity = capacity
         self.lengths = torch.zeros(batch_size, dtype=torch.long)  # [B] slots filled per row
         self.starts = torch.zeros(batch_size, dtype=torch.long)  # [B] leading slots of left padding
+        self._plan: tuple | None = None  # this step's write_plan, dropped whenever the rows change
         super().__init__(layers=[_SuffixLayer(self) for _ in range(num_layers)])
 
     @property
     def batch_size(self) -> int:
         return int(self.lengths.numel())
 
+    def write_plan(self, shape: torch.Size, device: torch.device) -> tuple[int, torch.Tensor]:
+        """``(slots needed, scatter index [B, KVH, q, D])`` for this step's new tokens ``shape``.
+
+        The same for every layer of one forward, so it is built once per step, not once per layer.
+        """
+        if self._plan is None or self._plan[0] != (tuple(shape), device):
+            batch, kv_heads, q_len, head_dim = shape
+            slots = (self.lengths.view(-1, 1) + torch.arange(q_len)).to(device)  # [B, q]
+            index = slots.view(batch, 1, q_len, 1).expand(-1, kv_heads, -1, head_dim)
+            self._plan = ((tuple(shape), device), int(self.lengths.max()) + q_len, index)
+        return self._plan[1], self._plan[2]
+
     def advance(self, q_len: int) -> None:
         """Commit the ``q_len`` tokens the last forward wrote to every row."""
         self.lengths += q_len
+        self._plan = None
 
     @property
     def nbytes(self) -> int:
@@ -93,6 +102,7 @@ class SuffixCache(Cache):
     def select(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (a long tensor of row indices), in that order."""
         self.lengths, self.starts = self.lengths[rows], self.starts[rows]
+        self._plan = None
         for layer in self.layers:
             if layer.is_initialized:
                 index = rows.to(layer.keys.device)
@@ -111,6 +121,7 @@ class SuffixCache(Cache):
             mine.values = torch.cat([_fit(mine.values, width), _fit(theirs.values, width)])
         self.lengths = torch.cat([self.lengths, other.lengths])
         self.starts = torch.cat([self.starts, other.starts])
+        self._plan = None
 
     def _width(self) -> int:
         initialized = [layer.keys.shape[-2] for layer in self.layers if layer.is_initialized]
