@@ -8,11 +8,22 @@ from tiny_models import tiny_llama
 
 from polykv_agents import SharedKVPool
 from polykv_agents.compat import forward_with_cache
+from polykv_agents.runtime import cascade_attention
 from polykv_agents.runtime.cascade_attention import ATTENTION_NAME, CascadeContext, enable_cascade_attention
 from polykv_agents.runtime.shared_prefix import SharedPrefix
 from polykv_agents.runtime.suffix_cache import SuffixCache
 
 DOC = "The quick brown fox jumps over the lazy dog. " * 10
+
+
+@pytest.fixture(params=["fused", "unfused"])
+def kernel(request, monkeypatch):
+    """Run a test through PyTorch's fused CPU kernel and through the portable matmul path."""
+    if request.param == "unfused":
+        monkeypatch.setattr(cascade_attention, "_CPU_FLASH", None)
+    elif cascade_attention._CPU_FLASH is None:
+        pytest.skip("this PyTorch has no fused CPU attention kernel")
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +58,7 @@ def _cascade(model, prefix, cache: SuffixCache, ids: torch.Tensor) -> torch.Tens
 
 
 @pytest.mark.parametrize("residency", ["decompressed", "compressed"])
-def test_prefill_and_batched_decode_match_ordinary_attention(setup, residency):
+def test_prefill_and_batched_decode_match_ordinary_attention(setup, residency, kernel):
     model, reference, pool = setup
     prefix = SharedPrefix(pool, model, residency)
     suffixes = [torch.randint(3, 300, (n,), generator=torch.Generator().manual_seed(n)) for n in (5, 11, 2)]
@@ -83,7 +94,7 @@ def test_compressed_residency_holds_no_decoded_prefix(setup):
         SharedPrefix(pool, model, "gpu")
 
 
-def test_left_padded_rows_prefilled_together_match_ordinary_attention(setup):
+def test_left_padded_rows_prefilled_together_match_ordinary_attention(setup, kernel):
     """Batched admission: prompts of different lengths, left-padded into one forward, then decoded."""
     model, reference, pool = setup
     prefix = SharedPrefix(pool, model)
@@ -104,3 +115,20 @@ def test_left_padded_rows_prefilled_together_match_ordinary_attention(setup):
     for row, prompt in enumerate(prompts):
         expected = _reference_logits(reference, pool, torch.cat([prompt, torch.tensor([3 + row])]))[-1]
         torch.testing.assert_close(step[row, -1], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_fused_and_unfused_kernels_agree_and_stay_finite_on_fully_masked_rows():
+    if cascade_attention._CPU_FLASH is None:
+        pytest.skip("this PyTorch has no fused CPU attention kernel")
+    gen = torch.Generator().manual_seed(0)
+    query, keys, values = (torch.randn(2, 3, n, 8, generator=gen) for n in (4, 6, 6))
+    visible = torch.rand(2, 1, 4, 6, generator=gen) > 0.4
+    visible[..., 0] = True
+    visible[1, :, 2] = False  # a left-padding query: sees nothing
+    additive = torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))
+    fused = cascade_attention._attend(query, keys, values, 0.3, bool_mask=visible, additive_mask=additive)
+    unfused = cascade_attention._attend_unfused(query, keys, values, 0.3, visible)
+    seen = visible.expand(2, 3, 4, 6).any(-1)  # [N, H, n]
+    for got, expected in zip(fused, unfused, strict=True):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got[seen], expected[seen], rtol=1e-5, atol=1e-6)
