@@ -4,6 +4,8 @@ tokenizer) that produced them, so every pool records a fingerprint and every rea
 from __future__ import annotations
 
 import hashlib
+import threading
+import weakref
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -48,8 +50,33 @@ def _short_sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
+# model -> tokenizer -> (state the fingerprint was computed from, fingerprint). Hashing the vocabulary
+# takes ~90 ms for a 49k-token tokenizer, and every pooled call checks the fingerprint.
+_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_MEMO_LOCK = threading.Lock()
+
+
+def _state(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple:
+    """What would change the fingerprint: the embedding tensor (its storage and in-place version
+    counter), the dtype, the name and the vocabulary size."""
+    embedding = model.get_input_embeddings().weight
+    return (embedding.data_ptr(), embedding._version, model.dtype, model.config.name_or_path, len(tokenizer))
+
+
 def model_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> ModelFingerprint:
-    """Fingerprint ``model`` + ``tokenizer``."""
+    """Fingerprint ``model`` + ``tokenizer``, memoised while neither changes."""
+    state = _state(model, tokenizer)
+    with _MEMO_LOCK:
+        memo = _MEMO.setdefault(model, weakref.WeakKeyDictionary()).get(tokenizer)
+    if memo is not None and memo[0] == state:
+        return memo[1]
+    fingerprint = _compute_fingerprint(model, tokenizer)
+    with _MEMO_LOCK:
+        _MEMO.setdefault(model, weakref.WeakKeyDictionary())[tokenizer] = (state, fingerprint)
+    return fingerprint
+
+
+def _compute_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> ModelFingerprint:
     config = _text_config(model)
     num_heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
