@@ -1,14 +1,16 @@
-"""Render docs/RESULTS.md from the JSON that the benchmark scripts wrote.
+"""Render docs/RESULTS.md from what the benchmarks wrote to benchmarks/results/.
 
     python benchmarks/render_results.py
 
-Reads benchmarks/results/{perplexity_sweep,pool_build}.json; writes nothing but docs/RESULTS.md.
+Includes each suite's Markdown (``polykv-agents bench memory|quality|speed|ablation|peer``), with its
+plots, then the multi-agent runtime (``bench agents``) and end-to-end graph results. Writes nothing
+but docs/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,63 +22,21 @@ def _load(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _stdev(values: list[float]) -> float:
-    return statistics.stdev(values) if len(values) > 1 else 0.0
+SUITES = {
+    "memory": "polykv-agents bench memory",
+    "quality": "polykv-agents bench quality",
+    "speed": "polykv-agents bench speed",
+    "ablation": "polykv-agents bench ablation",
+    "peer": "polykv-agents bench peer --peer-python PEER_VENV/bin/python",
+}
 
 
-def perplexity_section(data: dict) -> list[str]:
-    meta, rows = data["meta"], data["rows"]
-    contexts = sorted({r["context"] for r in rows})
-    configs = list(dict.fromkeys(r["config_name"] for r in rows))
-    lines = [
-        "## Perplexity: pooled vs full-precision cache",
-        "",
-        f"Machine: {meta['machine']}, torch {meta['torch']}. Model: {meta['model']} ({meta['dtype']}). "
-        f"Text: {meta['corpus']}; {meta['documents']} documents per context length; perplexity of the "
-        f"{meta['continuation_tokens']} tokens after the prefix. One prefill per (document, context); every "
-        "config is compressed from that same cache. Scoring is teacher-forced and deterministic, so one "
-        "repetition per cell. "
-        f"Wall time {meta['wall_s'] / 60:.0f} min.",
-        "",
-        "`delta` = 100 x (ppl_pool - ppl_full) / ppl_full, mean over documents (sd, min .. max). "
-        "Pool size and ratio are measured from the stored tensors.",
-        "",
-        "| context tokens | config | delta % mean (sd) | min .. max | pool MiB | x vs fp16 |",
-        "|---:|---|---:|---:|---:|---:|",
-    ]
-    for context in contexts:
-        for name in configs:
-            sel = [r for r in rows if r["context"] == context and r["config_name"] == name]
-            deltas = [r["delta_pct"] for r in sel]
-            lines.append(
-                f"| {context} | {name} | {statistics.mean(deltas):+.3f} ({_stdev(deltas):.3f}) "
-                f"| {min(deltas):+.3f} .. {max(deltas):+.3f} | {sel[0]['pool_nbytes'] / 2**20:.2f} "
-                f"| {sel[0]['compression_ratio']:.2f} |"
-            )
-    return lines
-
-
-def pool_build_section(data: dict) -> list[str]:
-    meta, rows = data["meta"], data["rows"]
-    lines = [
-        "## Pool size and build / decompress time",
-        "",
-        f"Machine: {meta['machine']}, torch {meta['torch']}. Model: {meta['model']} ({meta['dtype']}). "
-        f"Document: {meta['document']}. Median of {meta['repetitions']} runs after {meta['warmup_runs']} warm-up. "
-        f"Process peak RSS {meta['peak_rss_bytes'] / 2**30:.2f} GiB.",
-        "",
-        "| context tokens | config | pool MiB | fp16 cache MiB | fp32 cache MiB | x vs fp16 | prefill s "
-        "| compress s (% of prefill) | decompress s (% of prefill) |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['context']} | {r['config_label']} | {r['pool_nbytes'] / 2**20:.2f} | {r['fp16_nbytes'] / 2**20:.2f} "
-            f"| {r['model_dtype_nbytes'] / 2**20:.2f} | {r['compression_ratio_vs_fp16']:.3f} "
-            f"| {r['median_prefill_s']:.2f} | {r['median_compress_s']:.3f} ({r['compress_pct_of_prefill']:.1f}%) "
-            f"| {r['median_decompress_s']:.3f} ({r['decompress_pct_of_prefill']:.1f}%) |"
-        )
-    return lines
+def suite_section(name: str, command: str) -> list[str]:
+    """A suite's own Markdown, its headings one level down and its images relative to docs/."""
+    text = (RESULTS / f"{name}.md").read_text()
+    text = re.sub(r"\]\(([\w.-]+\.png)\)", r"](../benchmarks/results/\1)", text)
+    text = text.replace("### ", "## ", 1)
+    return [f"Produced by `{command}`.", "", text]
 
 
 def agents_section(results: list[dict]) -> list[str]:
@@ -156,10 +116,9 @@ def main() -> None:
         "real tensors, ratios come from one run side by side.",
         "",
     ]
-    sweep, build = _load("perplexity_sweep"), _load("pool_build")
-    if build:
-        lines += ["Produced by `python benchmarks/pool_build.py --contexts 2048 4096 --repetitions 3`.", ""]
-        lines += [*pool_build_section(build), ""]
+    for name, command in SUITES.items():
+        if (RESULTS / f"{name}.md").exists():
+            lines += [*suite_section(name, command), ""]
     agents = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("agents_*.json")) if p.stat().st_size]
     if agents:
         lines += [
@@ -176,12 +135,6 @@ def main() -> None:
             "",
         ]
         lines += [*graph_section(graph), ""]
-    if sweep:
-        lines += [
-            "Produced by `python benchmarks/perplexity_sweep.py --documents 5 --contexts 600 2048 4096 7168`.",
-            "",
-        ]
-        lines += [*perplexity_section(sweep), ""]
     out = ROOT / "docs" / "RESULTS.md"
     out.parent.mkdir(exist_ok=True)
     out.write_text("\n".join(lines))

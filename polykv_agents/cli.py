@@ -1,4 +1,4 @@
-"""The ``polykv-agents`` command line: ``demo`` and ``eval ppl``.
+"""The ``polykv-agents`` command line: ``demo``, ``eval ppl`` and ``bench`` (see :mod:`.bench_cli`).
 
 User errors (bad documents, configs, missing models) print one ``error:`` line and exit 1; option
 parsing errors are typer's (exit 2). Progress goes to stderr, results to stdout, so ``--json``
@@ -7,34 +7,34 @@ output can be piped.
 
 from __future__ import annotations
 
-import functools
 import json
 import time
-from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
 import typer
-from pydantic import ValidationError
-from rich.console import Console
 from rich.panel import Panel
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from polykv_agents.bench_cli import bench_app
+from polykv_agents.cli_support import (
+    ModelOpt,
+    clean_errors,
+    err,
+    load_model_with_spinner,
+    mib,
+    out,
+    progress_bar,
+    read_document,
+)
 from polykv_agents.config import CompressionConfig
-from polykv_agents.models import DEFAULT_MODEL, ModelNotFoundError
 
 app = typer.Typer(help="Many LLM agents over one document, sharing one compressed KV cache.", no_args_is_help=True)
 eval_app = typer.Typer(help="Quality evaluation.", no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
-bench_app = typer.Typer(help="Benchmarks (measured, with warm-up and medians).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
-out = Console()
-err = Console(stderr=True)
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 DEMO_ROLES = [
     ("finance analyst", "You are the finance analyst. Answer with figures from the document.",
@@ -46,62 +46,12 @@ DEMO_ROLES = [
 ]  # fmt: skip
 
 
-def _clean_errors(command: F) -> F:
-    """Turn expected user errors into one red line and exit code 1 instead of a traceback."""
-
-    @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return command(*args, **kwargs)
-        except ValidationError as e:
-            problems = "; ".join(
-                f"{'.'.join(map(str, error['loc'])) or 'settings'}: {error['msg'].removeprefix('Value error, ')}"
-                for error in e.errors()
-            )
-            err.print(f"[bold red]error:[/] invalid settings: {problems}")
-        except (ValueError, TypeError, ModelNotFoundError) as e:
-            err.print(f"[bold red]error:[/] {e}")
-        raise typer.Exit(code=1)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _progress() -> Progress:
-    return Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    )
-
-
-def _load_model_with_spinner(name: str | None):
-    from polykv_agents.models import load_model
-
-    with err.status(f"Loading {name or DEFAULT_MODEL} ..."):
-        return load_model(name)
-
-
-def _read_document(path: Path) -> str:
-    from polykv_agents.documents import document_text
-
-    return document_text(path.read_bytes())
-
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:,.2f} MiB"
-
-
 # Options shared by commands that build a pool.
 KeyMethodOpt = Annotated[str, typer.Option("--key-method", help="int, turboquant or none.")]
 KeyBitsOpt = Annotated[int, typer.Option("--key-bits", help="Bits per key coordinate.")]
 KeyGranOpt = Annotated[str, typer.Option("--key-granularity", help="int keys: tensor, channel or token.")]
 ValueMethodOpt = Annotated[str, typer.Option("--value-method", help="turboquant, int or none.")]
 ValueBitsOpt = Annotated[int, typer.Option("--value-bits", help="Bits per value coordinate (turboquant: 2-4).")]
-ModelOpt = Annotated[str | None, typer.Option("--model", help="Local HF model dir or cached id; default: embedded.")]
 
 
 def _config(key_method: str, key_bits: int, key_granularity: str, value_method: str, value_bits: int, seed: int):
@@ -116,7 +66,7 @@ def _config(key_method: str, key_bits: int, key_granularity: str, value_method: 
 
 
 @app.command()
-@_clean_errors
+@clean_errors
 def demo(
     document: Annotated[
         Path | None, typer.Option(exists=True, dir_okay=False, help="Text file; default: the bundled sample.")
@@ -132,13 +82,13 @@ def demo(
         text = resources.files("polykv_agents").joinpath("data/sample_document.md").read_text(encoding="utf-8")
         source = "bundled sample: Northwind Regional Water Authority, 2025 operations review"
     else:
-        text, source = _read_document(document), str(document)
-    llm, tokenizer = _load_model_with_spinner(model)
+        text, source = read_document(document), str(document)
+    llm, tokenizer = load_model_with_spinner(model)
     messages = [
         {"role": "system", "content": "You are one of several analysts who share the document below. Answer from it."},
         {"role": "user", "content": text},
     ]
-    with _progress() as progress:
+    with progress_bar() as progress:
         task = progress.add_task("Prefilling and compressing the document", total=None)
         started = time.perf_counter()
         pool = SharedKVPool.prefill(
@@ -146,7 +96,7 @@ def demo(
         )
         build_s = time.perf_counter() - started
     out.print(f"[bold]Document:[/] {source} ({pool.num_tokens} tokens, built once in {build_s:.1f} s)")
-    out.print(f"[bold]Pool:[/] {pool.config.label()}, {_mib(pool.nbytes)}, digest {pool.digest[:12]}\n")
+    out.print(f"[bold]Pool:[/] {pool.config.label()}, {mib(pool.nbytes)}, digest {pool.digest[:12]}\n")
 
     for name, role_prompt, question in DEMO_ROLES:
         agent = PooledAgent(pool, llm, tokenizer, system_prompt=role_prompt, name=name)
@@ -163,7 +113,7 @@ def demo(
     table.add_column("bytes", justify="right")
     table.add_column("size", justify="right")
     for label, nbytes in report.rows():
-        table.add_row(label, f"{nbytes:,}", _mib(nbytes))
+        table.add_row(label, f"{nbytes:,}", mib(nbytes))
     out.print(table)
     out.print(
         f"Compression against one fp16 cache: [bold]{pool.compression_ratio:.2f}x[/] (measured); against "
@@ -172,7 +122,7 @@ def demo(
 
 
 @eval_app.command("ppl")
-@_clean_errors
+@clean_errors
 def eval_ppl(
     document: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="UTF-8 text file to evaluate on.")],
     context_tokens: Annotated[int, typer.Option(help="Prefix tokens held in the pool.")] = 2048,
@@ -190,8 +140,8 @@ def eval_ppl(
     from polykv_agents.eval.perplexity import perplexity_deltas
 
     config = _config(key_method, key_bits, key_granularity, value_method, value_bits, seed)
-    text = _read_document(document)
-    llm, tokenizer = _load_model_with_spinner(model)
+    text = read_document(document)
+    llm, tokenizer = load_model_with_spinner(model)
     with err.status("Prefilling, compressing and scoring ..."):
         (result,) = perplexity_deltas(
             llm,
@@ -212,53 +162,9 @@ def eval_ppl(
         f"{result.ppl_full:.4f}",
         f"{result.ppl_pool:.4f}",
         f"{result.delta_pct:+.3f}%",
-        _mib(result.pool_nbytes),
+        mib(result.pool_nbytes),
         f"{result.compression_ratio:.2f}",
     )
-    out.print(table)
-
-
-@bench_app.command("agents")
-@_clean_errors
-def bench_agents(
-    document: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="UTF-8 text file (the shared prefix).")],
-    agents: Annotated[int, typer.Option(min=1, max=64, help="Concurrent agents.")] = 15,
-    context_tokens: Annotated[int, typer.Option(min=16, help="Document tokens in the pool.")] = 2048,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens each agent decodes.")] = 32,
-    repetitions: Annotated[int, typer.Option(min=1, help="Timed repetitions after one warm-up.")] = 3,
-    runtime: Annotated[str, typer.Option(help="Prefix residency: decompressed or compressed.")] = "decompressed",
-    model: ModelOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-) -> None:
-    """N concurrent agents over one pool vs sequential agents vs naive batching over a copied prefix."""
-    from polykv_agents.bench.agents import run_agents_bench
-
-    if runtime not in ("decompressed", "compressed"):
-        msg = f"--runtime must be decompressed or compressed, got {runtime!r}"
-        raise ValueError(msg)
-    text = _read_document(document)
-    llm, tokenizer = _load_model_with_spinner(model)
-    with err.status(f"Running {agents} agents x {repetitions + 1} repetitions ..."):
-        result = run_agents_bench(
-            llm,
-            tokenizer,
-            text,
-            agents=agents,
-            context_tokens=context_tokens,
-            max_new_tokens=max_new_tokens,
-            repetitions=repetitions,
-            runtime=runtime,  # type: ignore[arg-type]
-        )
-    if as_json:
-        typer.echo(json.dumps(result.model_dump()))
-        return
-    table = Table(title=f"{agents} agents, {result.context_tokens}-token pool, {result.model_name} ({result.dtype})")
-    table.add_column("measure")
-    table.add_column("value", justify="right")
-    for key, value in result.model_dump().items():
-        table.add_row(
-            key, f"{value:,.3f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value)
-        )
     out.print(table)
 
 

@@ -99,6 +99,22 @@ class CompressionConfig(BaseModel):
         )
 
     @classmethod
+    def max_compression(cls) -> CompressionConfig:
+        """The ``max`` preset: 4-bit TurboQuant keys and 3-bit TurboQuant values, the smallest pool the
+        ablation found within +1% perplexity at 2K and 4K tokens (benchmarks/results/ablation.json)."""
+        return cls(keys=CodecConfig(method="turboquant", bits=4), values=CodecConfig(method="turboquant", bits=3))
+
+    @classmethod
+    def preset(cls, name: str) -> CompressionConfig:
+        """A named preset: one of :data:`PRESETS`."""
+        try:
+            factory = _PRESET_FACTORIES[name]
+        except KeyError:
+            msg = f"unknown compression preset {name!r}; choose one of {', '.join(PRESETS)}"
+            raise ValueError(msg) from None
+        return factory()
+
+    @classmethod
     def full_precision(cls) -> CompressionConfig:
         """No compression: the pool holds the model's own KV tensors (for exactness checks and baselines)."""
         return cls(keys=CodecConfig(method="none"), values=CodecConfig(method="none"))
@@ -124,3 +140,14 @@ class CompressionConfig(BaseModel):
     def label(self) -> str:
         """E.g. ``K:int8/channel V:tq3``."""
         return f"K:{self.keys.label()} V:{self.values.label()}"
+
+
+_PRESET_FACTORIES = {
+    "default": CompressionConfig,
+    "paper": CompressionConfig.paper,
+    "max": CompressionConfig.max_compression,
+    "full": CompressionConfig.full_precision,
+}
+PRESETS: tuple[str, ...] = tuple(_PRESET_FACTORIES)
+"""Named configs: ``default`` (int8/channel keys, tq3 values), ``paper`` (int8/tensor keys, tq3
+values), ``max`` (tq4 keys, tq3 values), ``full`` (no compression)."""

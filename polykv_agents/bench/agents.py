@@ -65,7 +65,7 @@ class AgentsBenchResult(BaseModel):
     rss_peak_bytes: int
 
 
-def _roles(n: int) -> list[tuple[str, str]]:
+def role_prompts(n: int) -> list[tuple[str, str]]:
     """Role prompts and questions of varied lengths."""
     return [
         (f"You are specialist {i + 1} of {n}. " + "Be precise. " * (i % 4), QUESTIONS[i % len(QUESTIONS)])
@@ -73,23 +73,23 @@ def _roles(n: int) -> list[tuple[str, str]]:
     ]
 
 
-def _timed(fn):
+def timed(fn):
     started = time.perf_counter()
     result = fn()
     return result, time.perf_counter() - started
 
 
-def _run_batched(agents: list[PooledAgent], questions: list[str], settings: GenerationSettings) -> tuple[int, float]:
+def run_batched(agents: list[PooledAgent], questions: list[str], settings: GenerationSettings) -> tuple[int, float]:
     def answer(i: int) -> int:
         return len(list(agents[i].generate_ids(questions[i], settings)))
 
     with ThreadPoolExecutor(max_workers=len(agents)) as executor:
-        counts, seconds = _timed(lambda: list(executor.map(answer, range(len(agents)))))
+        counts, seconds = timed(lambda: list(executor.map(answer, range(len(agents)))))
     return sum(counts), seconds
 
 
 def _run_sequential(agents: list[PooledAgent], questions: list[str], settings: GenerationSettings) -> tuple[int, float]:
-    counts, seconds = _timed(
+    counts, seconds = timed(
         lambda: [len(list(a.generate_ids(q, settings))) for a, q in zip(agents, questions, strict=True)]
     )
     return sum(counts), seconds
@@ -126,13 +126,13 @@ def _run_naive_batched(
     return tokens, time.perf_counter() - started, kv_bytes
 
 
-def _ttft_pool(agent: PooledAgent, question: str) -> float:
+def ttft_pool(agent: PooledAgent, question: str) -> float:
     settings = GenerationSettings(max_new_tokens=1)
-    return _timed(lambda: list(agent.generate_ids(question, settings)))[1]
+    return timed(lambda: list(agent.generate_ids(question, settings)))[1]
 
 
 @torch.inference_mode()
-def _ttft_reprefill(model: PreTrainedModel, pool: SharedKVPool, prompt: torch.Tensor) -> float:
+def ttft_reprefill(model: PreTrainedModel, pool: SharedKVPool, prompt: torch.Tensor) -> float:
     """A plain local chat model: prefill document + question, then pick the first token."""
     ids = torch.cat([pool.token_ids, prompt]).unsqueeze(0)
 
@@ -140,7 +140,7 @@ def _ttft_reprefill(model: PreTrainedModel, pool: SharedKVPool, prompt: torch.Te
         logits = forward_with_cache(model, ids, new_dynamic_cache(model), start_position=0, logits_to_keep=1)
         return int(logits[0, -1].argmax())
 
-    return _timed(first_token)[1]
+    return timed(first_token)[1]
 
 
 def run_agents_bench(
@@ -163,7 +163,7 @@ def run_agents_bench(
         raise ValueError(msg)
     prefix_text = tokenizer.decode(ids[:context_tokens], skip_special_tokens=True)
     pool = SharedKVPool.prefill(model, tokenizer, prefix_text, config=config)
-    roles = _roles(agents)
+    roles = role_prompts(agents)
     pooled = [PooledAgent(pool, model, tokenizer, system_prompt=r, runtime=runtime) for r, _ in roles]
     private = [PooledAgent(pool, model, tokenizer, system_prompt=r, runtime="private") for r, _ in roles]
     questions = [q for _, q in roles]
@@ -175,16 +175,16 @@ def run_agents_bench(
     naive_kv = 0
     scheduler: BatchScheduler = scheduler_for(model, tokenizer, pool, runtime)
     for repetition in range(repetitions + 1):  # repetition 0 is the warm-up
-        tokens, seconds = _run_batched(pooled, questions, settings)
+        tokens, seconds = run_batched(pooled, questions, settings)
         batched = tokens / seconds
         tokens, seconds = _run_sequential(private, questions, settings)
         sequential = tokens / seconds
         tokens, seconds, naive_kv = _run_naive_batched(model, pool, prompts, max_new_tokens)
         naive = tokens / seconds
-        ttft_pool = _ttft_pool(pooled[0], questions[0])
-        ttft_re = _ttft_reprefill(model, pool, prompts[0])
+        first_pool = ttft_pool(pooled[0], questions[0])
+        first_reprefill = ttft_reprefill(model, pool, prompts[0])
         if repetition:
-            for key, value in zip(samples, (batched, sequential, naive, ttft_pool, ttft_re), strict=True):
+            for key, value in zip(samples, (batched, sequential, naive, first_pool, first_reprefill), strict=True):
                 samples[key].append(value)
     median = {key: statistics.median(values) for key, values in samples.items()}
     return AgentsBenchResult(

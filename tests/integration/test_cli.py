@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from typer.testing import CliRunner
 
+import polykv_agents.bench
 from polykv_agents.cli import app
 
 pytestmark = pytest.mark.real_model
@@ -99,3 +101,33 @@ def test_bench_agents_json_has_the_documented_keys(smollm, text_file):
         assert row[key] > 0, key
     # Three copies of the decoded prefix cost more than one pool plus one shared decoded prefix.
     assert row["kv_bytes_naive_peak"] > row["kv_bytes_pooled_peak"]
+
+
+def test_bench_memory_and_speed_write_their_tables_and_plots(smollm, text_file, tmp_path):
+    tmp_path = tmp_path / "results"
+    common = ["--document", str(text_file), "--context", "64", "--context", "256", "--agents", "1", "--agents", "3"]
+    memory = runner.invoke(app, ["bench", "memory", *common, "--out", str(tmp_path)])
+    assert memory.exit_code == 0, memory.output
+    speed = runner.invoke(
+        app, ["bench", "speed", *common, "--new-tokens", "2", "--repetitions", "1", "--out", str(tmp_path)]
+    )
+    assert speed.exit_code == 0, speed.output
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "memory.json", "memory.md", "memory_vs_agents.png", "speed.json", "speed.md", "speed_throughput.png",
+    }  # fmt: skip
+    rows = json.loads((tmp_path / "memory.json").read_text())["rows"]
+    (three,) = [r for r in rows if r["agents"] == 3 and r["context_tokens"] == 256]
+    # Once the document outweighs the agents' own prompts, one shared prefix beats three copies.
+    assert three["kv_bytes_separate_model_dtype"] > three["kv_bytes_ours_peak"]
+    assert "SmolLM2-135M-Instruct" in (tmp_path / "speed.md").read_text()
+
+
+def test_bench_without_its_extras_says_what_to_install(smollm, text_file, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    for module in ("plots", "writers"):  # forget them, so that they are imported again
+        monkeypatch.delitem(sys.modules, f"polykv_agents.bench.{module}", raising=False)
+        monkeypatch.delattr(polykv_agents.bench, module, raising=False)
+    result = runner.invoke(app, ["bench", "memory", "--document", str(text_file), "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    assert 'pip install "polykv-agents[bench]"' in result.stderr
+    assert "Traceback" not in result.output

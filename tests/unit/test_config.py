@@ -5,7 +5,7 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from polykv_agents.config import SUPPORTED_BITS, CodecConfig, CompressionConfig
+from polykv_agents.config import PRESETS, SUPPORTED_BITS, CodecConfig, CompressionConfig
 
 
 def test_defaults_are_int8_channel_keys_and_tq3_values() -> None:
@@ -185,3 +185,21 @@ def test_json_is_validated_on_load() -> None:
 
 def test_turboquant_without_bits_gets_a_supported_default() -> None:
     assert CodecConfig(method="turboquant").bits in SUPPORTED_BITS["turboquant"]
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_builds_a_valid_config(name):
+    assert isinstance(CompressionConfig.preset(name), CompressionConfig)
+
+
+def test_presets_are_what_their_names_promise():
+    assert CompressionConfig.preset("default") == CompressionConfig()
+    assert CompressionConfig.preset("paper").keys.granularity == "tensor"
+    max_keys = CompressionConfig.preset("max").keys
+    assert (max_keys.method, max_keys.bits) == ("turboquant", 4)
+    assert CompressionConfig.preset("full").keys.method == "none"
+
+
+def test_an_unknown_preset_names_the_known_ones():
+    with pytest.raises(ValueError, match="default, paper, max, full"):
+        CompressionConfig.preset("tiny")

@@ -1,0 +1,162 @@
+"""``polykv-agents bench ablation``: the controlled study the paper leaves out.
+
+One factor changes at a time from the default (int8/channel keys, 3-bit TurboQuant values):
+rotation on/off, random signs on/off, key granularity, key bits and codec, value bits; plus the
+combinations that could make a smaller preset. Every seed-dependent config (a TurboQuant codec with
+random signs) runs with each seed; one prefill per (document, context) serves every config.
+
+Each row summarises the perplexity delta over documents x seeds: mean, 95% t-interval, range, and
+how many samples were negative, i.e. whether "the compressed cache scores better than full
+precision" survives seeds and documents. The summary names the smallest config whose mean delta
+stays within +1% at every context: the ``max`` preset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from polykv_agents.bench.environment import RunInfo
+from polykv_agents.bench.output import SuiteResult
+from polykv_agents.bench.stats import mean_interval
+from polykv_agents.config import CodecConfig, CompressionConfig
+from polykv_agents.eval.perplexity import perplexity_deltas
+
+Progress = Callable[[str], None]
+
+MAX_PRESET_BUDGET_PCT = 1.0
+
+_TQ4 = CodecConfig(method="turboquant", bits=4)
+
+FACTORS: dict[str, tuple[str, CompressionConfig]] = {
+    "default": ("baseline", CompressionConfig()),
+    "values: no rotation": (
+        "rotation",
+        CompressionConfig(values=CodecConfig(method="turboquant", bits=3, rotation=False)),
+    ),
+    "values: rotation without random signs": (
+        "random signs",
+        CompressionConfig(values=CodecConfig(method="turboquant", bits=3, random_signs=False)),
+    ),
+    "keys: int8/tensor (paper)": (
+        "key granularity",
+        CompressionConfig(keys=CodecConfig(method="int", bits=8, granularity="tensor")),
+    ),
+    "keys: int8/token": (
+        "key granularity",
+        CompressionConfig(keys=CodecConfig(method="int", bits=8, granularity="token")),
+    ),
+    "keys: int4/channel": (
+        "key bits",
+        CompressionConfig(keys=CodecConfig(method="int", bits=4, granularity="channel")),
+    ),
+    "keys: int4/token": ("key bits", CompressionConfig(keys=CodecConfig(method="int", bits=4, granularity="token"))),
+    "keys: tq4": ("key bits", CompressionConfig(keys=_TQ4)),
+    "values: tq2": ("value bits", CompressionConfig(values=CodecConfig(method="turboquant", bits=2))),
+    "values: tq4": ("value bits", CompressionConfig(values=CodecConfig(method="turboquant", bits=4))),
+    "keys: tq4, values: tq2": (
+        "smaller presets",
+        CompressionConfig(keys=_TQ4, values=CodecConfig(method="turboquant", bits=2)),
+    ),
+    "keys: tq3, values: tq3": ("smaller presets", CompressionConfig(keys=CodecConfig(method="turboquant", bits=3))),
+}
+"""Config name -> (the factor it varies, config at seed 0)."""
+
+
+def seed_dependent(config: CompressionConfig) -> bool:
+    """Whether the seed changes anything: a TurboQuant codec with randomised signs."""
+    return any(c.method == "turboquant" and c.rotation and c.random_signs for c in (config.keys, config.values))
+
+
+def run_ablation_suite(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    *,
+    contexts: Sequence[int] = (2048, 4096),
+    seeds: Sequence[int] = (0, 1, 2),
+    continuation_tokens: int = 512,
+    factors: dict[str, tuple[str, CompressionConfig]] | None = None,
+    progress: Progress = lambda _: None,
+) -> SuiteResult:
+    factors = factors or FACTORS
+    runs = [  # (name, seed, config)
+        (name, seed, config.model_copy(update={"seed": seed}))
+        for name, (_, config) in factors.items()
+        for seed in (seeds if seed_dependent(config) else seeds[:1])
+    ]
+    deltas: dict[tuple[str, int], list[float]] = {}
+    ratios: dict[str, float] = {}
+    for context in contexts:
+        for index, text in enumerate(texts):
+            progress(f"context {context}, document {index + 1}/{len(texts)}: {len(runs)} pools")
+            results = perplexity_deltas(
+                model,
+                tokenizer,
+                text,
+                context_tokens=context,
+                continuation_tokens=continuation_tokens,
+                configs=[config for _, _, config in runs],
+            )
+            for (name, _, _), result in zip(runs, results, strict=True):
+                deltas.setdefault((name, context), []).append(result.delta_pct)
+                ratios[name] = result.compression_ratio
+    rows = []
+    for (name, context), values in deltas.items():
+        interval = mean_interval(values)
+        rows.append(
+            {
+                "config": name,
+                "factor": factors[name][0],
+                "config_label": factors[name][1].label(),
+                "context_tokens": context,
+                "seeds": len(seeds) if seed_dependent(factors[name][1]) else 1,
+                "samples": interval.n,
+                "delta_pct_mean": interval.mean,
+                "delta_pct_ci_low": interval.low,
+                "delta_pct_ci_high": interval.high,
+                "delta_pct_min": interval.min,
+                "delta_pct_max": interval.max,
+                "negative_samples": sum(v < 0 for v in values),
+                "compression_ratio_vs_fp16": ratios[name],
+            }
+        )
+    return SuiteResult(
+        suite="ablation",
+        info=RunInfo.collect(model),
+        settings={
+            "documents": len(texts),
+            "contexts": list(contexts),
+            "seeds": list(seeds),
+            "continuation_tokens": continuation_tokens,
+        },
+        rows=rows,
+        summary=_summary(rows),
+    )
+
+
+def _summary(rows: list[dict]) -> dict:
+    by_config: dict[str, list[dict]] = {}
+    for row in rows:
+        by_config.setdefault(row["config"], []).append(row)
+    within = {
+        name: group[0]["compression_ratio_vs_fp16"]
+        for name, group in by_config.items()
+        if all(r["delta_pct_mean"] <= MAX_PRESET_BUDGET_PCT for r in group)
+    }
+    inversion = [
+        {
+            "context_tokens": r["context_tokens"],
+            "negative_samples": r["negative_samples"],
+            "samples": r["samples"],
+            "ci_excludes_zero_below": r["delta_pct_ci_high"] < 0,
+        }
+        for r in by_config.get("default", [])
+    ]
+    return {
+        "max_preset": max(within, key=within.get) if within else None,
+        "max_preset_ratio_vs_fp16": max(within.values()) if within else None,
+        "max_preset_budget_pct": MAX_PRESET_BUDGET_PCT,
+        "ppl_inversion_default": inversion,
+    }

@@ -1,0 +1,61 @@
+"""What every benchmark figure states: the machine, the software, the model and its dtype."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+from pathlib import Path
+
+import torch
+import transformers
+from pydantic import BaseModel
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+class RunInfo(BaseModel):
+    """Where and with what a suite ran."""
+
+    machine: str
+    cpu: str
+    cpu_count: int
+    torch_threads: int
+    device: str
+    torch: str
+    transformers: str
+    python: str
+    model: str
+    dtype: str
+    date: str
+
+    @classmethod
+    def collect(cls, model) -> RunInfo:
+        return cls(
+            machine=f"{platform.system()} {platform.machine()}",
+            cpu=_cpu_name(),
+            cpu_count=os.cpu_count() or 0,
+            torch_threads=torch.get_num_threads(),
+            device=str(model.device),
+            torch=torch.__version__,
+            transformers=transformers.__version__,
+            python=platform.python_version(),
+            model=str(getattr(model.config, "name_or_path", "") or type(model).__name__).split("/")[-1],
+            dtype=str(model.dtype).removeprefix("torch."),
+            date=datetime.date.today().isoformat(),
+        )
+
+    def sentence(self) -> str:
+        """One line for captions: machine, model and dtype."""
+        return (
+            f"{self.machine}, {self.cpu_count} cores ({self.torch_threads} torch threads), {self.device}; "
+            f"{self.model}, {self.dtype}; torch {self.torch}, transformers {self.transformers}"
+        )

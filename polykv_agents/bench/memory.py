@@ -1,0 +1,132 @@
+"""``polykv-agents bench memory``: KV bytes and process memory for 1..15 agents at several context
+lengths, the runtime against N separate caches (the reference design).
+
+Per context length, one pool is built; then per agent count N:
+
+- ours: N agents answer at once through the runtime (shared decoded prefix, batched suffixes). KV
+  bytes alive at the peak = pool + decoded prefix + the batch's suffix cache, each from ``nbytes``;
+  the process's peak RSS is sampled while they run;
+- separate caches: N caches materialised the way the reference ``PooledAgent`` does (the pool
+  decoded into a fresh cache per agent), in the model's dtype and in fp16, summed from ``nbytes``,
+  with the peak RSS sampled while they exist.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from polykv_agents.agent import PooledAgent
+from polykv_agents.bench.environment import RunInfo
+from polykv_agents.bench.output import SuiteResult
+from polykv_agents.bench.rss import PeakRss
+from polykv_agents.config import CompressionConfig
+from polykv_agents.generation import GenerationSettings, GenerationStats
+from polykv_agents.pool import SharedKVPool
+from polykv_agents.runtime.scheduler import BatchScheduler
+
+Progress = Callable[[str], None]
+
+
+def _separate_caches_nbytes(pool: SharedKVPool, model: PreTrainedModel, n: int, dtype: torch.dtype) -> tuple[int, int]:
+    """``(KV bytes, peak RSS)`` with ``n`` decoded copies of the pool alive at once."""
+    with PeakRss() as rss, torch.inference_mode():
+        caches = [
+            [pool.decompress_layer(i, dtype=dtype, device=model.device) for i in range(pool.num_layers)]
+            for _ in range(n)
+        ]
+        nbytes = sum(k.nbytes + v.nbytes for layers in caches for k, v in layers)
+        del caches
+    return nbytes, rss.peak_bytes
+
+
+def _runtime_peak(
+    pool: SharedKVPool, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, n: int, new_tokens: int
+) -> tuple[int, int, int]:
+    """``(KV bytes at the peak, peak batch size, peak RSS)`` with ``n`` agents answering at once."""
+    scheduler = BatchScheduler(model, tokenizer, pool)  # a fresh one: its peaks are this run's alone
+    agents = [
+        PooledAgent(pool, model, tokenizer, system_prompt=f"You are analyst {i + 1} of {n}.", runtime="decompressed")
+        for i in range(n)
+    ]
+    settings = GenerationSettings(max_new_tokens=new_tokens, ignore_eos=True)
+
+    def answer(agent: PooledAgent) -> int:
+        prompt = agent.prompt_ids("What does the document say?")
+        stats = GenerationStats(prompt_tokens=prompt.numel(), cached_tokens=pool.num_tokens)
+        return len(list(scheduler.submit(prompt, settings, stats, new_tokens)))
+
+    try:
+        with PeakRss() as rss, ThreadPoolExecutor(max_workers=n) as executor:
+            produced = sum(executor.map(answer, agents))
+        if produced != n * new_tokens:
+            msg = f"expected {n * new_tokens} tokens from {n} agents, got {produced}"
+            raise RuntimeError(msg)
+        kv = pool.nbytes + scheduler.prefix.peak_decoded_nbytes + scheduler.peak_suffix_nbytes
+        return kv, scheduler.peak_batch_size, rss.peak_bytes
+    finally:
+        scheduler.close()
+
+
+def run_memory_suite(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    text: str,
+    *,
+    contexts: Sequence[int] = (600, 2048, 4096, 7168),
+    agent_counts: Sequence[int] = (1, 3, 5, 10, 15),
+    new_tokens: int = 8,
+    config: CompressionConfig | None = None,
+    progress: Progress = lambda _: None,
+) -> SuiteResult:
+    """Measure every (context, agent count) pair; one row each."""
+    ids = tokenizer(text, return_tensors="pt").input_ids[0]
+    if ids.numel() < max(contexts):
+        msg = f"the document has {ids.numel()} tokens, fewer than the largest context {max(contexts)}"
+        raise ValueError(msg)
+    rows = []
+    for context in contexts:
+        progress(f"context {context}: prefill and compress")
+        pool = SharedKVPool.prefill(
+            model, tokenizer, tokenizer.decode(ids[:context], skip_special_tokens=True), config=config
+        )
+        for n in agent_counts:
+            progress(f"context {context}: {n} agents")
+            kv_ours, batch, rss_ours = _runtime_peak(pool, model, tokenizer, n, new_tokens)
+            gc.collect()
+            kv_separate, rss_separate = _separate_caches_nbytes(pool, model, n, model.dtype)
+            kv_separate_fp16, _ = _separate_caches_nbytes(pool, model, n, torch.float16)
+            gc.collect()
+            rows.append(
+                {
+                    "context_tokens": pool.num_tokens,
+                    "agents": n,
+                    "peak_batch": batch,
+                    "pool_nbytes": pool.nbytes,
+                    "fp16_nbytes": pool.fp16_nbytes,
+                    "model_dtype_nbytes": pool.model_dtype_nbytes,
+                    "kv_bytes_ours_peak": kv_ours,
+                    "kv_bytes_separate_model_dtype": kv_separate,
+                    "kv_bytes_separate_fp16": kv_separate_fp16,
+                    "rss_peak_ours": rss_ours,
+                    "rss_peak_separate": rss_separate,
+                    "saving_vs_separate_model_dtype": kv_separate / kv_ours,
+                }
+            )
+        del pool
+        gc.collect()
+    return SuiteResult(
+        suite="memory",
+        info=RunInfo.collect(model),
+        settings={
+            "contexts": list(contexts),
+            "agents": list(agent_counts),
+            "new_tokens_per_agent": new_tokens,
+            "config": (config or CompressionConfig()).label(),
+        },
+        rows=rows,
+    )

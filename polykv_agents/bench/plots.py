@@ -1,0 +1,85 @@
+"""The suites' figures (matplotlib, drawn off-screen). Each function takes a suite's rows and returns
+a figure; :func:`polykv_agents.bench.output.write_suite` saves and closes it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on servers and CI
+
+import matplotlib.pyplot as plt
+
+MIB = 2**20
+
+
+def memory_vs_agents(rows: Sequence[dict]):
+    """KV MiB against agents: one colour per context, the runtime solid, separate caches dashed."""
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for index, context in enumerate(sorted({r["context_tokens"] for r in rows})):
+        points = sorted((r for r in rows if r["context_tokens"] == context), key=lambda r: r["agents"])
+        agents = [r["agents"] for r in points]
+        colour = f"C{index}"
+        axis.plot(agents, [r["kv_bytes_ours_peak"] / MIB for r in points], "o-", color=colour,
+                  label=f"{context} tokens: one pool + shared prefix")  # fmt: skip
+        axis.plot(agents, [r["kv_bytes_separate_model_dtype"] / MIB for r in points], "s--", color=colour,
+                  alpha=0.6, label=f"{context} tokens: separate caches")  # fmt: skip
+    axis.set_yscale("log")
+    axis.set_xlabel("agents reading the document at once")
+    axis.set_ylabel("peak KV memory (MiB, log scale)")
+    axis.set_title("KV memory: one shared pool vs a cache per agent")
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(fontsize=7, ncol=2)
+    return figure
+
+
+def ppl_delta_vs_context(rows: Sequence[dict]):
+    """Mean perplexity delta against context length, one line per config, range shaded."""
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for index, config in enumerate(dict.fromkeys(r["config"] for r in rows)):
+        points = sorted((r for r in rows if r["config"] == config), key=lambda r: r["context_tokens"])
+        contexts = [r["context_tokens"] for r in points]
+        label = f"{config} ({points[0]['config_label']}, {points[0]['compression_ratio_vs_fp16']:.2f}x)"
+        axis.plot(contexts, [r["delta_pct_mean"] for r in points], "o-", color=f"C{index}", label=label)
+        axis.fill_between(contexts, [r["delta_pct_min"] for r in points], [r["delta_pct_max"] for r in points],
+                          color=f"C{index}", alpha=0.15)  # fmt: skip
+    axis.axhline(0, color="black", linewidth=0.8)
+    axis.set_xscale("log")
+    axis.set_xticks(sorted({r["context_tokens"] for r in rows}))
+    axis.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    axis.set_xlabel("context tokens in the pool")
+    axis.set_ylabel("perplexity delta vs full precision (%)")
+    axis.set_title("Perplexity cost of compression (mean; shaded: min..max over documents)")
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=8)
+    return figure
+
+
+def throughput_vs_agents(rows: Sequence[dict]):
+    figure, axis = plt.subplots(figsize=(6, 4))
+    points = sorted(rows, key=lambda r: r["agents"])
+    axis.plot([r["agents"] for r in points], [r["tokens_per_s"] for r in points], "o-")
+    axis.set_xlabel("agents decoding at once")
+    axis.set_ylabel("aggregate tokens/s")
+    axis.set_title(f"Batched decoding over one shared {points[0]['context_tokens']}-token prefix")
+    axis.grid(True, alpha=0.3)
+    return figure
+
+
+def ablation_deltas(rows: Sequence[dict], context: int):
+    """Horizontal bars: mean delta with its 95% interval per config, at one context length."""
+    points = [r for r in rows if r["context_tokens"] == context]
+    figure, axis = plt.subplots(figsize=(7, 0.45 * len(points) + 1.2))
+    labels = [f"{r['config']} ({r['compression_ratio_vs_fp16']:.2f}x)" for r in points]
+    means = [r["delta_pct_mean"] for r in points]
+    errors = [[m - r["delta_pct_ci_low"] for m, r in zip(means, points, strict=True)],
+              [r["delta_pct_ci_high"] - m for m, r in zip(means, points, strict=True)]]  # fmt: skip
+    axis.barh(labels, means, xerr=errors, color="C0", alpha=0.7, capsize=3)
+    axis.axvline(0, color="black", linewidth=0.8)
+    axis.set_xscale("symlog", linthresh=1)
+    axis.invert_yaxis()
+    axis.set_xlabel("perplexity delta vs full precision (%), mean and 95% CI (symlog)")
+    axis.set_title(f"Ablation at {context} tokens")
+    axis.grid(True, axis="x", alpha=0.3)
+    return figure

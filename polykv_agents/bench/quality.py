@@ -1,0 +1,152 @@
+"""``polykv-agents bench quality``: perplexity deltas by context length and config, and agreement of
+pooled answers with full-precision answers.
+
+- perplexity: the paper's protocol (:mod:`polykv_agents.eval.perplexity`) on ``documents`` disjoint
+  texts; one prefill per (text, context), every config compressed from that same cache. One
+  ``kind="ppl"`` row per (config, context) with the mean delta, its 95% t-interval and its range.
+- agreement: per text, each question is answered greedily twice from one prefill: by a pooled agent
+  (compressed pool, batched runtime) and by an agent over the uncompressed cache. One
+  ``kind="agreement"`` row per config with exact match, token F1 and MiniLM cosine similarity.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from polykv_agents.agent import PooledAgent
+from polykv_agents.bench.environment import RunInfo
+from polykv_agents.bench.output import SuiteResult
+from polykv_agents.bench.stats import mean_interval
+from polykv_agents.config import CompressionConfig
+from polykv_agents.eval.agreement import exact_match, token_f1
+from polykv_agents.eval.perplexity import perplexity_deltas
+from polykv_agents.pool import SharedKVPool
+from polykv_agents.prefill import prefill_cache
+
+Progress = Callable[[str], None]
+Similarity = Callable[[Sequence[str], Sequence[str]], list[float]]
+
+QUESTIONS = (
+    "What is this part of the documentation about? Answer in one sentence.",
+    "Name one keyword, statement or function the text describes.",
+    "What does the text say happens when an error occurs?",
+)
+
+
+def ppl_rows(
+    model, tokenizer, texts: Sequence[str], contexts: Sequence[int], configs: dict[str, CompressionConfig],
+    continuation_tokens: int, progress: Progress,
+) -> list[dict]:  # fmt: skip
+    """One row per (config name, context) with the delta summarised over ``texts``."""
+    deltas: dict[tuple[str, int], list[float]] = {}
+    ratios: dict[tuple[str, int], float] = {}
+    for context in contexts:
+        for index, text in enumerate(texts):
+            progress(f"perplexity: context {context}, document {index + 1}/{len(texts)}")
+            results = perplexity_deltas(
+                model,
+                tokenizer,
+                text,
+                context_tokens=context,
+                continuation_tokens=continuation_tokens,
+                configs=list(configs.values()),
+            )
+            for name, result in zip(configs, results, strict=True):
+                deltas.setdefault((name, context), []).append(result.delta_pct)
+                ratios[(name, context)] = result.compression_ratio
+    rows = []
+    for (name, context), values in deltas.items():
+        interval = mean_interval(values)
+        rows.append(
+            {
+                "kind": "ppl",
+                "config": name,
+                "config_label": configs[name].label(),
+                "context_tokens": context,
+                "documents": len(values),
+                "delta_pct_mean": interval.mean,
+                "delta_pct_ci_low": interval.low,
+                "delta_pct_ci_high": interval.high,
+                "delta_pct_min": interval.min,
+                "delta_pct_max": interval.max,
+                "delta_pct_per_document": values,
+                "compression_ratio_vs_fp16": ratios[(name, context)],
+            }
+        )
+    return rows
+
+
+def agreement_rows(
+    model, tokenizer, texts: Sequence[str], context: int, configs: dict[str, CompressionConfig],
+    max_new_tokens: int, similarity: Similarity | None, progress: Progress,
+) -> list[dict]:  # fmt: skip
+    """One row per config: pooled answers against answers over the uncompressed cache."""
+    pairs: dict[str, list[tuple[str, str]]] = {name: [] for name in configs}
+    for index, text in enumerate(texts):
+        progress(f"agreement: document {index + 1}/{len(texts)}")
+        ids = tokenizer(text, return_tensors="pt").input_ids[0][:context]
+        cache, _ = prefill_cache(model, ids)
+        full = SharedKVPool.from_cache(model, tokenizer, cache, ids, config=CompressionConfig.full_precision())
+        reference = PooledAgent(full, model, tokenizer, runtime="private")
+        expected = [reference.generate(q, max_new_tokens=max_new_tokens) for q in QUESTIONS]
+        for name, config in configs.items():
+            pool = SharedKVPool.from_cache(model, tokenizer, cache, ids, config=config)
+            agent = PooledAgent(pool, model, tokenizer)
+            answer = functools.partial(agent.generate, max_new_tokens=max_new_tokens)
+            with ThreadPoolExecutor(max_workers=len(QUESTIONS)) as executor:  # batched by the runtime
+                answers = list(executor.map(answer, QUESTIONS))
+            pairs[name] += list(zip(answers, expected, strict=True))
+    rows = []
+    for name, answered in pairs.items():
+        predictions, references = [p for p, _ in answered], [r for _, r in answered]
+        row = {
+            "kind": "agreement",
+            "config": name,
+            "config_label": configs[name].label(),
+            "context_tokens": context,
+            "answers": len(answered),
+            "exact_match": statistics.fmean(exact_match(p, r) for p, r in answered),
+            "token_f1": statistics.fmean(token_f1(p, r) for p, r in answered),
+            "examples": [{"pooled": p, "full_precision": r} for p, r in answered[:3]],
+        }
+        if similarity is not None:
+            row["minilm_cosine"] = statistics.fmean(similarity(predictions, references))
+        rows.append(row)
+    return rows
+
+
+def run_quality_suite(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    *,
+    contexts: Sequence[int] = (600, 2048, 4096, 7168),
+    configs: dict[str, CompressionConfig] | None = None,
+    continuation_tokens: int = 512,
+    agreement_context: int = 2048,
+    max_new_tokens: int = 48,
+    similarity: Similarity | None = None,
+    progress: Progress = lambda _: None,
+) -> SuiteResult:
+    configs = configs or {name: CompressionConfig.preset(name) for name in ("default", "paper", "max")}
+    rows = ppl_rows(model, tokenizer, texts, contexts, configs, continuation_tokens, progress)
+    rows += agreement_rows(model, tokenizer, texts, agreement_context, configs, max_new_tokens, similarity, progress)
+    return SuiteResult(
+        suite="quality",
+        info=RunInfo.collect(model),
+        settings={
+            "documents": len(texts),
+            "contexts": list(contexts),
+            "continuation_tokens": continuation_tokens,
+            "agreement_context": agreement_context,
+            "questions_per_document": len(QUESTIONS),
+            "max_new_tokens": max_new_tokens,
+            "decoding": "greedy",
+        },
+        rows=rows,
+    )

@@ -1,0 +1,132 @@
+"""Each suite's Markdown table, notes and plots, written next to its JSON by :func:`write_suite`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from polykv_agents.bench import plots
+from polykv_agents.bench.output import Column, SuiteResult, column, write_suite
+
+MIB = 2**20
+
+
+def _mib(header: str, key: str, digits: int = 1) -> Column:
+    return Column(header, lambda row: f"{row[key] / MIB:,.{digits}f}")
+
+
+def _pct_interval(row: dict) -> str:
+    return f"{row['delta_pct_mean']:+.2f}% [{row['delta_pct_ci_low']:+.2f}, {row['delta_pct_ci_high']:+.2f}]"
+
+
+def _pct_range(row: dict) -> str:
+    return f"{row['delta_pct_min']:+.2f} .. {row['delta_pct_max']:+.2f}"
+
+
+def _rss_pair(row: dict) -> str:
+    return f"{row['rss_peak_ours'] / 2**30:.2f} / {row['rss_peak_separate'] / 2**30:.2f}"
+
+
+def write_memory(result: SuiteResult, out_dir: Path) -> list[Path]:
+    columns = [
+        column("context", "context_tokens"),
+        column("agents", "agents"),
+        _mib("pool MiB", "pool_nbytes", 2),
+        _mib("one fp16 cache MiB", "fp16_nbytes"),
+        _mib("peak KV, ours MiB", "kv_bytes_ours_peak"),
+        _mib("N separate caches MiB", "kv_bytes_separate_model_dtype"),
+        _mib("N separate fp16 caches MiB", "kv_bytes_separate_fp16"),
+        column("saving", "saving_vs_separate_model_dtype", "{:.1f}x"),
+        Column("peak RSS GiB, ours / separate", _rss_pair),
+    ]
+    notes = [
+        "Peak KV, ours: pool + decoded shared prefix + the batch's suffix cache while N agents decode at once. "
+        "Separate caches: N decoded copies of the pool alive at once, as the reference design makes one per agent "
+        "call (model dtype, and fp16 for comparison with the paper). All bytes are `nbytes` of tensors that "
+        "existed; RSS is the whole process, sampled every 5 ms."
+    ]
+    figures = {"vs_agents": plots.memory_vs_agents(result.rows)}
+    return write_suite(result, out_dir, title="Memory", columns=columns, figures=figures, notes=notes)
+
+
+def write_speed(result: SuiteResult, out_dir: Path) -> list[Path]:
+    """The build rows make the main table; TTFT and throughput get small tables in the notes."""
+    rows = {kind: [r for r in result.rows if r["kind"] == kind] for kind in ("build", "ttft", "throughput")}
+    columns = [
+        column("context", "context_tokens"),
+        column("prefill s", "prefill_s", "{:.2f}"),
+        column("compress s", "compress_s", "{:.3f}"),
+        column("compress % of prefill", "compress_pct_of_prefill", "{:.1f}%"),
+        column("decompress s", "decompress_s", "{:.3f}"),
+        column("decompress % of prefill", "decompress_pct_of_prefill", "{:.1f}%"),
+        _mib("pool MiB", "pool_nbytes", 2),
+    ]
+    ttft = "\n".join(
+        f"| {r['context_tokens']} | {r['ttft_s_pool']:.3f} | {r['ttft_s_reprefill']:.2f} | {r['ttft_speedup']:.1f}x |"
+        for r in rows["ttft"]
+    )
+    throughput = "\n".join(
+        f"| {r['agents']} | {r['tokens_per_s']:.1f} | {r['speedup_vs_one_agent']:.2f}x |" for r in rows["throughput"]
+    )
+    notes = [
+        "Targets: compress <= 10% and decompress <= 5% of the prefill time.",
+        "Time to first token, one agent from the pool against re-prefilling document + question:\n\n"
+        "| context | TTFT pool s | TTFT re-prefill s | speedup |\n|---|---|---|---|\n" + ttft,
+        "Aggregate decode throughput, N agents at once through the runtime (their prompts' admission included):\n\n"
+        "| agents | tokens/s | vs one agent |\n|---|---|---|\n" + throughput,
+    ]
+    figures = {"throughput": plots.throughput_vs_agents(rows["throughput"])}
+    return write_suite(
+        result, out_dir, title="Speed", columns=columns, figures=figures, notes=notes, table_rows=rows["build"]
+    )
+
+
+def write_quality(result: SuiteResult, out_dir: Path) -> list[Path]:
+    ppl = [r for r in result.rows if r["kind"] == "ppl"]
+    agreement = [r for r in result.rows if r["kind"] == "agreement"]
+    columns = [
+        column("config", "config"),
+        column("codecs", "config_label"),
+        column("context", "context_tokens"),
+        column("x vs fp16", "compression_ratio_vs_fp16", "{:.2f}"),
+        Column("PPL delta, mean [95% CI]", _pct_interval),
+        Column("range", _pct_range),
+        column("documents", "documents"),
+    ]
+    has_cosine = all("minilm_cosine" in r for r in agreement)
+    lines = [
+        f"| {r['config']} | {r['answers']} | {r['exact_match']:.2f} | {r['token_f1']:.3f} |"
+        + (f" {r['minilm_cosine']:.3f} |" if has_cosine else "")
+        for r in agreement
+    ]
+    header = "| config | answers | exact match | token F1 |" + (" MiniLM cosine |" if has_cosine else "")
+    notes = [
+        "Agreement of pooled answers with answers over the uncompressed cache (greedy, same prompts, "
+        f"{result.settings['agreement_context']}-token prefix). MiniLM cosine is the cosine similarity of "
+        "all-MiniLM-L6-v2 sentence embeddings, not BERTScore (which needs a roberta-large download):\n\n"
+        + "\n".join([header, "|" + "---|" * (header.count("|") - 1), *lines])
+    ]
+    figures = {"ppl_vs_context": plots.ppl_delta_vs_context(ppl)}
+    return write_suite(result, out_dir, title="Quality", columns=columns, figures=figures, notes=notes, table_rows=ppl)
+
+
+def write_ablation(result: SuiteResult, out_dir: Path) -> list[Path]:
+    columns = [
+        column("config", "config"),
+        column("factor", "factor"),
+        column("context", "context_tokens"),
+        column("x vs fp16", "compression_ratio_vs_fp16", "{:.2f}"),
+        Column("PPL delta, mean [95% CI]", _pct_interval),
+        Column("range", _pct_range),
+        Column("below zero", lambda r: f"{r['negative_samples']}/{r['samples']}"),
+        column("seeds", "seeds"),
+    ]
+    summary = result.summary
+    notes = [
+        f"Samples per row: documents x seeds (deterministic configs: one seed). `max` preset rule: the smallest "
+        f"pool whose mean delta is <= +{summary['max_preset_budget_pct']:.0f}% at every context: "
+        f"**{summary['max_preset']}** ({summary['max_preset_ratio_vs_fp16']:.2f}x vs fp16)."
+        if summary.get("max_preset")
+        else "No config stayed within the `max` preset's budget."
+    ]
+    figures = {f"{context}": plots.ablation_deltas(result.rows, context) for context in result.settings["contexts"]}
+    return write_suite(result, out_dir, title="Ablation", columns=columns, figures=figures, notes=notes)

@@ -1,0 +1,78 @@
+"""What every ``polykv-agents`` command shares: the consoles, clean errors, progress, loading."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from polykv_agents.models import DEFAULT_MODEL, ModelNotFoundError
+
+out = Console()
+err = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+BENCH_EXTRA_MODULES = {"matplotlib", "scipy", "psutil"}
+BENCH_EXTRA_HINT = '; install the benchmark extras: pip install "polykv-agents[bench]"'
+
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Local HF model dir or cached id; default: embedded.")]
+
+
+def clean_errors(command: F) -> F:
+    """Turn expected user errors into one red line and exit code 1 instead of a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(map(str, error['loc'])) or 'settings'}: {error['msg'].removeprefix('Value error, ')}"
+                for error in e.errors()
+            )
+            err.print(f"[bold red]error:[/] invalid settings: {escape(problems)}")
+        except (ValueError, TypeError, ModelNotFoundError) as e:
+            err.print(f"[bold red]error:[/] {escape(str(e))}")
+        except ModuleNotFoundError as e:
+            hint = BENCH_EXTRA_HINT if e.name in BENCH_EXTRA_MODULES else ""
+            err.print(f"[bold red]error:[/] {escape(f'{e}{hint}')}")
+        raise typer.Exit(code=1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def progress_bar() -> Progress:
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    )
+
+
+def load_model_with_spinner(name: str | None):
+    from polykv_agents.models import load_model
+
+    with err.status(f"Loading {name or DEFAULT_MODEL} ..."):
+        return load_model(name)
+
+
+def read_document(path: Path) -> str:
+    from polykv_agents.documents import document_text
+
+    return document_text(path.read_bytes())
+
+
+def mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:,.2f} MiB"

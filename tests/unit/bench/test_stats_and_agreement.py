@@ -1,0 +1,39 @@
+"""Summaries and answer-agreement metrics give the textbook values."""
+
+from __future__ import annotations
+
+import pytest
+
+from polykv_agents.bench.stats import mean_interval
+from polykv_agents.eval.agreement import exact_match, normalized_tokens, token_f1
+
+
+def test_mean_interval_matches_the_student_t_interval():
+    interval = mean_interval([1.0, 2.0, 3.0])
+    # mean 2, standard error 1/sqrt(3), t(0.975, df=2) = 4.3027
+    assert interval.mean == pytest.approx(2.0)
+    assert interval.high - interval.mean == pytest.approx(4.3027 / 3**0.5, rel=1e-4)
+    assert (interval.min, interval.max, interval.n) == (1.0, 3.0, 3)
+    assert not interval.excludes_zero
+    assert mean_interval([1.0, 1.1, 0.9, 1.05]).excludes_zero
+
+
+def test_one_sample_has_a_zero_width_interval_and_none_is_an_error():
+    interval = mean_interval([0.5])
+    assert interval.low == interval.high == 0.5
+    with pytest.raises(ValueError, match="at least one sample"):
+        mean_interval([])
+
+
+def test_answers_are_normalised_before_comparison():
+    assert normalized_tokens("The Cat, sat!") == ["cat", "sat"]
+    assert exact_match("The answer is 42.", "answer is 42")
+    assert not exact_match("answer is 41", "answer is 42")
+
+
+def test_token_f1():
+    assert token_f1("red green blue", "red green blue") == 1.0
+    assert token_f1("red green", "red green blue yellow") == pytest.approx(2 * 1.0 * 0.5 / 1.5)
+    assert token_f1("cat", "dog") == 0.0
+    assert token_f1("", "") == 1.0
+    assert token_f1("", "dog") == 0.0

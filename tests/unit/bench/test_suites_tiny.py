@@ -1,0 +1,89 @@
+"""Every suite end to end on a tiny random model: the rows carry what the tables and plots need, and
+the measurements relate the way they must (the suites' real figures come from the embedded model,
+see docs/RESULTS.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from polykv_agents.bench.ablation import run_ablation_suite, seed_dependent
+from polykv_agents.bench.memory import run_memory_suite
+from polykv_agents.bench.quality import run_quality_suite
+from polykv_agents.bench.speed import run_speed_suite
+from polykv_agents.bench.writers import write_ablation, write_memory, write_quality, write_speed
+from polykv_agents.config import CodecConfig, CompressionConfig
+from polykv_agents.eval.corpus import pydoc_documents
+
+
+@pytest.fixture(scope="module")
+def texts():
+    return pydoc_documents(2, chars_per_document=3000)
+
+
+def test_memory_suite_grows_with_agents_for_separate_caches_only(tiny_model, tiny_tok, texts, tmp_path):
+    steps = []
+    result = run_memory_suite(
+        tiny_model, tiny_tok, texts[0], contexts=(64, 128), agent_counts=(1, 4), new_tokens=2, progress=steps.append
+    )
+    assert len(steps) == 2 * (1 + 2)
+    rows = {(r["context_tokens"], r["agents"]): r for r in result.rows}
+    for context in (64, 128):
+        one, four = rows[(context, 1)], rows[(context, 4)]
+        assert four["kv_bytes_separate_model_dtype"] == 4 * one["kv_bytes_separate_model_dtype"]
+        assert four["kv_bytes_separate_fp16"] * 2 == four["kv_bytes_separate_model_dtype"]  # fp32 model
+        assert four["kv_bytes_ours_peak"] < four["kv_bytes_separate_model_dtype"]
+        assert four["peak_batch"] >= 1 and four["rss_peak_ours"] > 0
+    assert rows[(128, 4)]["pool_nbytes"] > rows[(64, 4)]["pool_nbytes"]
+    names = [p.name for p in write_memory(result, tmp_path)]
+    assert names == ["memory.json", "memory.md", "memory_vs_agents.png"]
+
+
+def test_speed_suite_reports_build_ttft_and_throughput(tiny_model, tiny_tok, texts, tmp_path):
+    result = run_speed_suite(
+        tiny_model, tiny_tok, texts[0], contexts=(64,), agent_counts=(1, 3), new_tokens=3, repetitions=1
+    )
+    kinds = [r["kind"] for r in result.rows]
+    assert kinds == ["build", "ttft", "throughput", "throughput"]
+    build, ttft = result.rows[0], result.rows[1]
+    assert build["prefill_s"] > 0 and build["compress_pct_of_prefill"] > 0
+    assert ttft["ttft_s_pool"] > 0 and ttft["ttft_s_reprefill"] > 0
+    assert result.rows[2]["speedup_vs_one_agent"] == 1.0
+    assert {"compress_within_target", "decompress_within_target"} <= set(result.summary)
+    written = write_speed(result, tmp_path)
+    assert "TTFT pool s" in written[1].read_text() and written[2].name == "speed_throughput.png"
+
+
+def test_quality_suite_full_precision_config_agrees_exactly(tiny_model, tiny_tok, texts, tmp_path):
+    configs = {
+        "full": CompressionConfig.full_precision(),
+        "tq2": CompressionConfig(values=CodecConfig(method="turboquant", bits=2)),
+    }
+    result = run_quality_suite(
+        tiny_model, tiny_tok, texts, contexts=(64, 128), configs=configs, continuation_tokens=32,
+        agreement_context=64, max_new_tokens=6, similarity=lambda a, b: [1.0] * len(a),
+    )  # fmt: skip
+    ppl = {(r["config"], r["context_tokens"]): r for r in result.rows if r["kind"] == "ppl"}
+    assert ppl[("full", 64)]["delta_pct_mean"] == pytest.approx(0.0, abs=1e-4)
+    assert ppl[("tq2", 128)]["documents"] == 2 and len(ppl[("tq2", 128)]["delta_pct_per_document"]) == 2
+    agreement = {r["config"]: r for r in result.rows if r["kind"] == "agreement"}
+    assert agreement["full"]["exact_match"] == 1.0 and agreement["full"]["token_f1"] == 1.0
+    assert agreement["tq2"]["minilm_cosine"] == 1.0 and agreement["tq2"]["answers"] == 2 * 3
+    assert "MiniLM cosine" in (write_quality(result, tmp_path)[1]).read_text()
+
+
+def test_ablation_runs_every_seed_of_seeded_configs_only(tiny_model, tiny_tok, texts, tmp_path):
+    factors = {
+        "default": ("baseline", CompressionConfig()),
+        "values: no rotation": ("rotation", CompressionConfig(values=CodecConfig(method="turboquant", rotation=False))),
+        "full": ("control", CompressionConfig.full_precision()),
+    }
+    result = run_ablation_suite(
+        tiny_model, tiny_tok, texts, contexts=(64,), seeds=(0, 1), continuation_tokens=32, factors=factors
+    )
+    rows = {r["config"]: r for r in result.rows}
+    assert rows["default"]["samples"] == 2 * 2 and rows["default"]["seeds"] == 2
+    assert rows["values: no rotation"]["samples"] == 2 and rows["values: no rotation"]["seeds"] == 1
+    assert rows["full"]["delta_pct_mean"] == pytest.approx(0.0, abs=1e-4)
+    assert not seed_dependent(factors["full"][1]) and seed_dependent(CompressionConfig())
+    assert result.summary["max_preset"] is not None  # full precision is always within budget
+    assert [p.name for p in write_ablation(result, tmp_path)] == ["ablation.json", "ablation.md", "ablation_64.png"]
