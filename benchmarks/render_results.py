@@ -2,9 +2,9 @@
 
     python benchmarks/render_results.py
 
-Includes each suite's Markdown (``polykv-agents bench memory|quality|speed|ablation|peer``), with its
-plots, then the multi-agent runtime (``bench agents``) and end-to-end graph results. Writes nothing
-but docs/RESULTS.md.
+For each suite that has run (``polykv-agents bench memory|quality|speed|ablation|peer``), its Markdown
+and plots are written again from its JSON and included; then the multi-agent runtime (``bench
+agents``) and end-to-end graph results. Writes docs/RESULTS.md and the suites' .md and .png files.
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+
+from polykv_agents.bench.output import SuiteResult
+from polykv_agents.bench.writers import WRITERS
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -32,11 +35,13 @@ SUITES = {
 
 
 def suite_section(name: str, command: str) -> list[str]:
-    """A suite's own Markdown, its headings one level down and its images relative to docs/."""
+    """A suite's Markdown and plots, written again from its JSON (so a change of presentation needs no
+    new measurement), its heading one level up and its images relative to docs/."""
+    WRITERS[name](SuiteResult.load(RESULTS / f"{name}.json"), RESULTS)
     text = (RESULTS / f"{name}.md").read_text()
     text = re.sub(r"\]\(([\w.-]+\.png)\)", r"](../benchmarks/results/\1)", text)
-    text = text.replace("### ", "## ", 1)
-    return [f"Produced by `{command}`.", "", text]
+    heading, body = text.replace("### ", "## ", 1).split("\n", 1)
+    return [heading, "", f"Produced by `{command}`.", body]
 
 
 def agents_section(results: list[dict]) -> list[str]:
@@ -117,7 +122,7 @@ def main() -> None:
         "",
     ]
     for name, command in SUITES.items():
-        if (RESULTS / f"{name}.md").exists():
+        if (RESULTS / f"{name}.json").exists():
             lines += [*suite_section(name, command), ""]
     agents = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("agents_*.json")) if p.stat().st_size]
     if agents:

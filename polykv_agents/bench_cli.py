@@ -195,3 +195,34 @@ def bench_agents(
             key, f"{value:,.3f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value)
         )
     out.print(table)
+
+
+@bench_app.command("peer")
+@clean_errors
+def bench_peer(
+    peer_python: Annotated[
+        Path, typer.Option(exists=True, dir_okay=False, help="Python of an environment with polykv-llm==0.1.0.")
+    ],
+    documents: DocumentsOpt = 3,
+    context_tokens: Annotated[int, typer.Option(min=16, help="Document tokens in the pool.")] = 2048,
+    continuation_tokens: Annotated[int, typer.Option(min=2, help="Tokens whose perplexity is measured.")] = 512,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens per answer.")] = 32,
+    agents: Annotated[int, typer.Option(min=1, max=64, help="Agents at once for the memory rows.")] = 15,
+    out_dir: OutOpt = DEFAULT_OUT,
+) -> None:
+    """Side by side with the reference implementation polykv-llm 0.1.0, run in its own environment."""
+    from polykv_agents.bench.peer import run_peer_suite
+    from polykv_agents.bench.writers import write_peer
+    from polykv_agents.eval.corpus import pydoc_documents
+    from polykv_agents.eval.embeddings import minilm_similarity
+
+    texts = pydoc_documents(documents)
+    llm, tokenizer = load_model_with_spinner(None)  # the peer loads the same embedded GGUF file
+    similarity = minilm_similarity()
+    with _steps(2 + documents) as step:
+        result = run_peer_suite(
+            llm, tokenizer, texts, peer_python=str(peer_python), context_tokens=context_tokens,
+            continuation_tokens=continuation_tokens, max_new_tokens=max_new_tokens, agents=agents,
+            similarity=similarity, progress=step,
+        )  # fmt: skip
+    _report(write_peer(result, out_dir))

@@ -133,13 +133,19 @@ def eval_ppl(
     value_method: ValueMethodOpt = "turboquant",
     value_bits: ValueBitsOpt = 3,
     seed: Annotated[int, typer.Option(help="Rotation seed.")] = 0,
+    preset: Annotated[
+        str | None, typer.Option(help="default, paper, max or full: a named config instead of the codec options.")
+    ] = None,
     model: ModelOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Perplexity of a continuation with the pool's cache vs the full-precision cache."""
     from polykv_agents.eval.perplexity import perplexity_deltas
 
-    config = _config(key_method, key_bits, key_granularity, value_method, value_bits, seed)
+    if preset is not None:
+        config = CompressionConfig.preset(preset).model_copy(update={"seed": seed})
+    else:
+        config = _config(key_method, key_bits, key_granularity, value_method, value_bits, seed)
     text = read_document(document)
     llm, tokenizer = load_model_with_spinner(model)
     with err.status("Prefilling, compressing and scoring ..."):

@@ -44,7 +44,7 @@ def _separate_caches_nbytes(pool: SharedKVPool, model: PreTrainedModel, n: int, 
     return nbytes, rss.peak_bytes
 
 
-def _runtime_peak(
+def runtime_peak(
     pool: SharedKVPool, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, n: int, new_tokens: int
 ) -> tuple[int, int, int]:
     """``(KV bytes at the peak, peak batch size, peak RSS)`` with ``n`` agents answering at once."""
@@ -96,7 +96,7 @@ def run_memory_suite(
         )
         for n in agent_counts:
             progress(f"context {context}: {n} agents")
-            kv_ours, batch, rss_ours = _runtime_peak(pool, model, tokenizer, n, new_tokens)
+            kv_ours, batch, rss_ours = runtime_peak(pool, model, tokenizer, n, new_tokens)
             gc.collect()
             kv_separate, rss_separate = _separate_caches_nbytes(pool, model, n, model.dtype)
             kv_separate_fp16, _ = _separate_caches_nbytes(pool, model, n, torch.float16)

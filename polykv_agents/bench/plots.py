@@ -30,7 +30,7 @@ def memory_vs_agents(rows: Sequence[dict]):
     axis.set_ylabel("peak KV memory (MiB, log scale)")
     axis.set_title("KV memory: one shared pool vs a cache per agent")
     axis.grid(True, which="both", alpha=0.3)
-    axis.legend(fontsize=7, ncol=2)
+    axis.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.14))
     return figure
 
 

@@ -130,3 +130,46 @@ def write_ablation(result: SuiteResult, out_dir: Path) -> list[Path]:
     ]
     figures = {f"{context}": plots.ablation_deltas(result.rows, context) for context in result.settings["contexts"]}
     return write_suite(result, out_dir, title="Ablation", columns=columns, figures=figures, notes=notes)
+
+
+def _value(key: str, value: float) -> str:
+    if key.endswith("nbytes") or key.startswith(("kv_bytes", "rss")):
+        return f"{value / MIB:,.1f} MiB"
+    if key.endswith("_s"):
+        return f"{value:.3f} s"
+    if key == "ppl_delta_pct":
+        return f"{value:+.2f}%"
+    return f"{value:.3f}"
+
+
+def write_peer(result: SuiteResult, out_dir: Path) -> list[Path]:
+    columns = [
+        column("measure", "label"),
+        Column("polykv_agents", lambda r: _value(r["metric"], r["ours"])),
+        Column(result.settings["peer"], lambda r: _value(r["metric"], r["peer"])),
+        column("better", "better"),
+    ]
+    examples = "\n".join(
+        f"- *{e['question']}*\n  - ours: {e['ours'].strip()!r}\n  - polykv-llm: {e['peer'].strip()!r}"
+        for e in result.summary["examples"]
+    )
+    notes = [
+        f"polykv-llm reports its own ratio as {result.summary['peer_claimed_ratio']:.2f}x (a formula); the "
+        "row above is the ratio measured from its stored tensors. Answer agreement compares each side with its "
+        "own full-precision answers to the same questions (polykv-llm sends the raw question, polykv_agents "
+        "the chat template). The N-agents rows: polykv-llm decodes the pool into a full-precision cache per "
+        "call (N alive at once); polykv_agents runs the N agents through its batched runtime over one shared "
+        "prefix. Both processes hold the model's weights as well.",
+        "First document's answers:\n\n" + examples,
+    ]
+    return write_suite(result, out_dir, title="Peer: polykv-llm 0.1.0", columns=columns, notes=notes)
+
+
+WRITERS = {
+    "memory": write_memory,
+    "quality": write_quality,
+    "speed": write_speed,
+    "ablation": write_ablation,
+    "peer": write_peer,
+}
+"""Suite name -> the function that writes its Markdown and plots from its :class:`SuiteResult`."""

@@ -46,7 +46,7 @@ class PerplexityResult(BaseModel):
 
 
 @torch.inference_mode()
-def _continuation_nll(model: PreTrainedModel, cache, continuation: torch.Tensor, start: int) -> float:
+def continuation_nll(model: PreTrainedModel, cache, continuation: torch.Tensor, start: int) -> float:
     """Mean negative log-likelihood of ``continuation[1:]`` given ``cache`` (consumed)."""
     logits = forward_with_cache(model, continuation.unsqueeze(0).to(model.device), cache, start_position=start)
     # logits[0, i] predicts continuation[i + 1]: [M - 1, vocab] against [M - 1]
@@ -85,11 +85,11 @@ def perplexity_deltas(
 
     cache, _ = prefill_cache(model, prefix, chunk_size=chunk_size)
     full_key_values = layer_key_values(cache)
-    nll_full = _continuation_nll(model, cache_from_key_values(model, full_key_values), continuation, context_tokens)
+    nll_full = continuation_nll(model, cache_from_key_values(model, full_key_values), continuation, context_tokens)
     results = []
     for config in configs:
         pool = SharedKVPool.from_cache(model, tokenizer, cache, prefix, config=config)
-        nll_pool = _continuation_nll(model, pool.to_cache(model), continuation, context_tokens)
+        nll_pool = continuation_nll(model, pool.to_cache(model), continuation, context_tokens)
         ppl_full, ppl_pool = math.exp(nll_full), math.exp(nll_pool)
         results.append(
             PerplexityResult(

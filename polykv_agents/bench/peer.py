@@ -1,0 +1,204 @@
+"""``polykv-agents bench peer``: side by side with the published reference implementation,
+``polykv-llm`` 0.1.0 (import name ``polykv``), on the same model, tokens and questions.
+
+The peer runs in its own environment (``--peer-python``), through :mod:`.peer_side`, so it never
+shares a process or a dependency set with this project. Both sides measure the same things the same
+way: bytes from the ``nbytes`` of the stored tensors, perplexity of the same continuation tokens after
+the same prefix tokens, answers to the same questions (each side in its own prompt format: the peer
+sends the raw question, this project the chat template) compared with that side's own
+full-precision answers, wall time of prefill, compression and answering, and the KV bytes and process
+RSS with N agents at once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from polykv_agents.agent import PooledAgent
+from polykv_agents.bench.environment import RunInfo
+from polykv_agents.bench.memory import runtime_peak
+from polykv_agents.bench.output import SuiteResult
+from polykv_agents.bench.quality import QUESTIONS, Similarity
+from polykv_agents.config import CompressionConfig
+from polykv_agents.eval.agreement import exact_match, token_f1
+from polykv_agents.eval.perplexity import continuation_nll
+from polykv_agents.models import embedded_model_file
+from polykv_agents.pool import SharedKVPool
+from polykv_agents.prefill import prefill_cache
+
+Progress = Callable[[str], None]
+PEER_SIDE = Path(__file__).with_name("peer_side.py")
+
+
+class PeerRunError(ValueError):
+    """The peer's environment could not run it (a ``ValueError``: the ``--peer-python`` given is bad)."""
+
+
+def _run_peer(peer_python: str, request: dict, timeout_s: float) -> dict:
+    with tempfile.TemporaryDirectory() as folder:
+        request_path, result_path = Path(folder, "request.json"), Path(folder, "result.json")
+        request_path.write_text(json.dumps(request))
+        done = subprocess.run(
+            [peer_python, str(PEER_SIDE), str(request_path), str(result_path)],
+            capture_output=True, text=True, timeout=timeout_s, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            tail = "\n".join(done.stderr.strip().splitlines()[-15:])
+            msg = (
+                f"the peer run failed (exit {done.returncode}) in {peer_python}; it needs an environment with "
+                f"polykv-llm==0.1.0, torch, transformers, gguf and accelerate:\n{tail}"
+            )
+            raise PeerRunError(msg)
+        return json.loads(result_path.read_text())
+
+
+def _ours(model, tokenizer, prefix: torch.Tensor, continuation: torch.Tensor, max_new_tokens: int) -> dict:
+    started = time.perf_counter()
+    cache, _ = prefill_cache(model, prefix)
+    prefill_s = time.perf_counter() - started
+    started = time.perf_counter()
+    pool = SharedKVPool.from_cache(model, tokenizer, cache, prefix)
+    compress_s = time.perf_counter() - started
+    full = SharedKVPool.from_cache(model, tokenizer, cache, prefix, config=CompressionConfig.full_precision())
+    start = prefix.numel()
+    nll_full = continuation_nll(model, full.to_cache(model), continuation, start)
+    nll_pool = continuation_nll(model, pool.to_cache(model), continuation, start)
+    agent, reference = PooledAgent(pool, model, tokenizer), PooledAgent(full, model, tokenizer, runtime="private")
+    answers, references, answer_s = [], [], []
+    for question in QUESTIONS:
+        started = time.perf_counter()
+        answers.append(agent.generate(question, max_new_tokens=max_new_tokens))
+        answer_s.append(time.perf_counter() - started)
+        references.append(reference.generate(question, max_new_tokens=max_new_tokens))
+    return {
+        "prefix_tokens": prefix.numel(),
+        "pool_nbytes": pool.nbytes,
+        "fp16_nbytes": pool.fp16_nbytes,
+        "prefill_s": prefill_s,
+        "compress_s": compress_s,
+        "ppl_full": math.exp(nll_full),
+        "ppl_pool": math.exp(nll_pool),
+        "answers": answers,
+        "references": references,
+        "answer_s_median": statistics.median(answer_s),
+        "pool": pool,
+    }
+
+
+def _summary(documents: Sequence[dict], similarity: Similarity | None) -> dict:
+    answers = [a for d in documents for a in d["answers"]]
+    references = [r for d in documents for r in d["references"]]
+    summary = {
+        "pool_nbytes": statistics.fmean(d["pool_nbytes"] for d in documents),
+        "ratio_vs_fp16": statistics.fmean(d["fp16_nbytes"] / d["pool_nbytes"] for d in documents),
+        "ppl_delta_pct": statistics.fmean(100 * (d["ppl_pool"] / d["ppl_full"] - 1) for d in documents),
+        "prefill_s": statistics.median(d["prefill_s"] for d in documents),
+        "compress_s": statistics.median(d["compress_s"] for d in documents),
+        "answer_s": statistics.median(d["answer_s_median"] for d in documents),
+        "exact_match": statistics.fmean(exact_match(a, r) for a, r in zip(answers, references, strict=True)),
+        "token_f1": statistics.fmean(token_f1(a, r) for a, r in zip(answers, references, strict=True)),
+    }
+    if similarity is not None:
+        summary["minilm_cosine"] = statistics.fmean(similarity(answers, references))
+    return summary
+
+
+# metric -> (label, whether lower is better)
+METRICS: dict[str, tuple[str, bool]] = {
+    "pool_nbytes": ("pool bytes (measured)", True),
+    "ratio_vs_fp16": ("x smaller than the fp16 cache (measured)", False),
+    "ppl_delta_pct": ("PPL delta % vs full precision", True),
+    "prefill_s": ("prefill s", True),
+    "compress_s": ("compress s", True),
+    "answer_s": ("one answer s (median)", True),
+    "exact_match": ("answers equal to full precision", False),
+    "token_f1": ("token F1 vs full precision", False),
+    "minilm_cosine": ("MiniLM cosine vs full precision", False),
+    "kv_bytes_agents_peak": ("KV bytes, N agents at once", True),
+    "rss_peak_agents": ("process peak RSS, N agents at once", True),
+}
+
+
+def run_peer_suite(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    *,
+    peer_python: str,
+    context_tokens: int = 2048,
+    continuation_tokens: int = 512,
+    max_new_tokens: int = 32,
+    agents: int = 15,
+    similarity: Similarity | None = None,
+    timeout_s: float = 3600,
+    progress: Progress = lambda _: None,
+) -> SuiteResult:
+    """Run both sides; one row per metric with both values and the better side."""
+    token_ids = []
+    for text in texts:
+        ids = tokenizer(text, return_tensors="pt").input_ids[0]
+        if ids.numel() < context_tokens + continuation_tokens:
+            msg = f"a text has {ids.numel()} tokens, fewer than context + continuation"
+            raise ValueError(msg)
+        token_ids.append((ids[:context_tokens], ids[context_tokens : context_tokens + continuation_tokens]))
+    request = {
+        "gguf": str(embedded_model_file()),
+        "threads": torch.get_num_threads(),
+        "documents": [{"prefix_ids": p.tolist(), "continuation_ids": c.tolist()} for p, c in token_ids],
+        "questions": list(QUESTIONS),
+        "max_new_tokens": max_new_tokens,
+        "agents": agents,
+    }
+    progress("the peer, in its own environment")
+    peer = _run_peer(peer_python, request, timeout_s)
+    ours_documents = []
+    for index, (prefix, continuation) in enumerate(token_ids):
+        progress(f"ours: document {index + 1}/{len(token_ids)}")
+        ours_documents.append(_ours(model, tokenizer, prefix, continuation, max_new_tokens))
+    progress(f"ours: {agents} agents at once")
+    kv_peak, _, rss_peak = runtime_peak(ours_documents[-1]["pool"], model, tokenizer, agents, 8)
+    ours = {**_summary(ours_documents, similarity), "kv_bytes_agents_peak": kv_peak, "rss_peak_agents": rss_peak}
+    theirs = {
+        **_summary(peer["documents"], similarity),
+        "kv_bytes_agents_peak": peer["kv_bytes_agents_peak"],
+        "rss_peak_agents": peer["rss_peak_agents"],
+    }
+    rows = []
+    for key, (label, lower_is_better) in METRICS.items():
+        if key not in ours or key not in theirs:
+            continue
+        a, b = ours[key], theirs[key]
+        better = "tie" if math.isclose(a, b, rel_tol=0.02, abs_tol=1e-9) else (
+            "ours" if (a < b) == lower_is_better else "polykv-llm"
+        )  # fmt: skip
+        rows.append({"metric": key, "label": label, "ours": a, "peer": b, "better": better})
+    examples = [
+        {"question": q, "ours": o, "peer": p}
+        for q, o, p in zip(QUESTIONS, ours_documents[0]["answers"], peer["documents"][0]["answers"], strict=True)
+    ]
+    return SuiteResult(
+        suite="peer",
+        info=RunInfo.collect(model),
+        settings={
+            "peer": peer["package"],
+            "documents": len(texts),
+            "context_tokens": context_tokens,
+            "continuation_tokens": continuation_tokens,
+            "questions_per_document": len(QUESTIONS),
+            "max_new_tokens": max_new_tokens,
+            "agents": agents,
+            "our_config": CompressionConfig().label(),
+        },
+        rows=rows,
+        summary={"peer_claimed_ratio": peer["documents"][0]["claimed_ratio"], "examples": examples},
+    )
