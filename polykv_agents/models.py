@@ -95,7 +95,7 @@ def _load_uncached(
         raise ModelNotFoundError(msg) from e
     model.to(device)
     model.eval()
-    if name_or_path is None:
+    if name_or_path in (None, DEFAULT_MODEL):  # not the GGUF file's folder, whichever way it was asked for
         model.config.name_or_path = DEFAULT_MODEL
     return model, tokenizer
 
