@@ -47,7 +47,8 @@ def ppl_delta_vs_context(rows: Sequence[dict]):
     axis.axhline(0, color="black", linewidth=0.8)
     axis.set_xscale("log")
     axis.set_xticks(sorted({r["context_tokens"] for r in rows}))
-    axis.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    axis.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # only the measured lengths
     axis.set_xlabel("context tokens in the pool")
     axis.set_ylabel("perplexity delta vs full precision (%)")
     axis.set_title("Perplexity cost of compression (mean; shaded: min..max over documents)")

@@ -109,6 +109,16 @@ def write_quality(result: SuiteResult, out_dir: Path) -> list[Path]:
     return write_suite(result, out_dir, title="Quality", columns=columns, figures=figures, notes=notes, table_rows=ppl)
 
 
+def _inversion_verdict(cells: list[dict]) -> str:
+    """Whether "the compressed cache scores better than full precision" survives seeds and documents."""
+    if not cells:
+        return ""
+    counts = ", ".join(f"{c['negative_samples']}/{c['samples']} at {c['context_tokens']}" for c in cells)
+    survives = all(c["ci_excludes_zero_below"] for c in cells)
+    verdict = "it survives" if survives else "it does not survive: no interval of the default config lies below zero"
+    return f"PPL inversion: the default config scored better than full precision in {counts} samples; {verdict}."
+
+
 def write_ablation(result: SuiteResult, out_dir: Path) -> list[Path]:
     columns = [
         column("config", "config"),
@@ -126,7 +136,8 @@ def write_ablation(result: SuiteResult, out_dir: Path) -> list[Path]:
         f"pool whose mean delta is <= +{summary['max_preset_budget_pct']:.0f}% at every context: "
         f"**{summary['max_preset']}** ({summary['max_preset_ratio_vs_fp16']:.2f}x vs fp16)."
         if summary.get("max_preset")
-        else "No config stayed within the `max` preset's budget."
+        else "No config stayed within the `max` preset's budget.",
+        _inversion_verdict(summary.get("ppl_inversion_default", [])),
     ]
     figures = {f"{context}": plots.ablation_deltas(result.rows, context) for context in result.settings["contexts"]}
     return write_suite(result, out_dir, title="Ablation", columns=columns, figures=figures, notes=notes)
