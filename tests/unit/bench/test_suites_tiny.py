@@ -23,17 +23,18 @@ def texts():
 def test_memory_suite_grows_with_agents_for_separate_caches_only(tiny_model, tiny_tok, texts, tmp_path):
     steps = []
     result = run_memory_suite(
-        tiny_model, tiny_tok, texts[0], contexts=(64, 128), agent_counts=(1, 4), new_tokens=2, progress=steps.append
+        tiny_model, tiny_tok, texts[0], contexts=(64, 384), agent_counts=(1, 4), new_tokens=2, progress=steps.append
     )
     assert len(steps) == 2 * (1 + 2)
     rows = {(r["context_tokens"], r["agents"]): r for r in result.rows}
-    for context in (64, 128):
+    for context in (64, 384):
         one, four = rows[(context, 1)], rows[(context, 4)]
         assert four["kv_bytes_separate_model_dtype"] == 4 * one["kv_bytes_separate_model_dtype"]
         assert four["kv_bytes_separate_fp16"] * 2 == four["kv_bytes_separate_model_dtype"]  # fp32 model
-        assert four["kv_bytes_ours_peak"] < four["kv_bytes_separate_model_dtype"]
         assert four["peak_batch"] >= 1 and four["rss_peak_ours"] > 0
-    assert rows[(128, 4)]["pool_nbytes"] > rows[(64, 4)]["pool_nbytes"]
+    # Once the document outweighs the agents' own prompts, one shared prefix beats four copies.
+    assert rows[(384, 4)]["kv_bytes_ours_peak"] < rows[(384, 4)]["kv_bytes_separate_model_dtype"]
+    assert rows[(384, 4)]["pool_nbytes"] > rows[(64, 4)]["pool_nbytes"]
     names = [p.name for p in write_memory(result, tmp_path)]
     assert names == ["memory.json", "memory.md", "memory_vs_agents.png"]
 
