@@ -13,17 +13,14 @@ stays within +1% at every context: the ``max`` preset.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.bench.environment import RunInfo
-from polykv_agents.bench.output import SuiteResult
-from polykv_agents.bench.stats import mean_interval
+from polykv_agents.bench.output import Progress, SuiteResult
+from polykv_agents.bench.sweep import delta_fields, delta_samples
 from polykv_agents.config import CodecConfig, CompressionConfig
-from polykv_agents.eval.perplexity import perplexity_deltas
-
-Progress = Callable[[str], None]
 
 MAX_PRESET_BUDGET_PCT = 1.0
 
@@ -81,47 +78,26 @@ def run_ablation_suite(
     progress: Progress = lambda _: None,
 ) -> SuiteResult:
     factors = factors or FACTORS
-    runs = [  # (name, seed, config)
-        (name, seed, config.model_copy(update={"seed": seed}))
+    runs = [  # (name, config at one of its seeds)
+        (name, config.model_copy(update={"seed": seed}))
         for name, (_, config) in factors.items()
         for seed in (seeds if seed_dependent(config) else seeds[:1])
     ]
-    deltas: dict[tuple[str, int], list[float]] = {}
-    ratios: dict[str, float] = {}
-    for context in contexts:
-        for index, text in enumerate(texts):
-            progress(f"context {context}, document {index + 1}/{len(texts)}: {len(runs)} pools")
-            results = perplexity_deltas(
-                model,
-                tokenizer,
-                text,
-                context_tokens=context,
-                continuation_tokens=continuation_tokens,
-                configs=[config for _, _, config in runs],
-            )
-            for (name, _, _), result in zip(runs, results, strict=True):
-                deltas.setdefault((name, context), []).append(result.delta_pct)
-                ratios[name] = result.compression_ratio
-    rows = []
-    for (name, context), values in deltas.items():
-        interval = mean_interval(values)
-        rows.append(
-            {
-                "config": name,
-                "factor": factors[name][0],
-                "config_label": factors[name][1].label(),
-                "context_tokens": context,
-                "seeds": len(seeds) if seed_dependent(factors[name][1]) else 1,
-                "samples": interval.n,
-                "delta_pct_mean": interval.mean,
-                "delta_pct_ci_low": interval.low,
-                "delta_pct_ci_high": interval.high,
-                "delta_pct_min": interval.min,
-                "delta_pct_max": interval.max,
-                "negative_samples": sum(v < 0 for v in values),
-                "compression_ratio_vs_fp16": ratios[name],
-            }
-        )
+    deltas, ratios = delta_samples(model, tokenizer, texts, contexts, runs, continuation_tokens, progress)
+    rows = [
+        {
+            "config": name,
+            "factor": factors[name][0],
+            "config_label": factors[name][1].label(),
+            "context_tokens": context,
+            "seeds": len(seeds) if seed_dependent(factors[name][1]) else 1,
+            "samples": len(values),
+            **delta_fields(values),
+            "negative_samples": sum(v < 0 for v in values),
+            "compression_ratio_vs_fp16": ratios[(name, context)],
+        }
+        for (name, context), values in deltas.items()
+    ]
     return SuiteResult(
         suite="ablation",
         info=RunInfo.collect(model),

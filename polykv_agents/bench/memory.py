@@ -14,7 +14,7 @@ Per context length, one pool is built; then per agent count N:
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -22,14 +22,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.agent import PooledAgent
 from polykv_agents.bench.environment import RunInfo
-from polykv_agents.bench.output import SuiteResult
+from polykv_agents.bench.output import Progress, SuiteResult
 from polykv_agents.bench.rss import PeakRss
 from polykv_agents.config import CompressionConfig
 from polykv_agents.generation import GenerationSettings, GenerationStats
 from polykv_agents.pool import SharedKVPool
 from polykv_agents.runtime.scheduler import BatchScheduler
-
-Progress = Callable[[str], None]
 
 
 def _separate_caches_nbytes(pool: SharedKVPool, model: PreTrainedModel, n: int, dtype: torch.dtype) -> tuple[int, int]:

@@ -11,6 +11,9 @@ from pydantic import BaseModel
 
 from polykv_agents.bench.environment import RunInfo
 
+Progress = Callable[[str], None]
+"""What a suite calls once per step with the step's description (the CLI's progress bar)."""
+
 
 class Column(NamedTuple):
     """One table column: its header, and how to render it from a row."""

@@ -18,7 +18,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -27,7 +27,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from polykv_agents.agent import PooledAgent
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.memory import runtime_peak
-from polykv_agents.bench.output import SuiteResult
+from polykv_agents.bench.output import Progress, SuiteResult
 from polykv_agents.bench.quality import QUESTIONS, Similarity
 from polykv_agents.config import CompressionConfig
 from polykv_agents.eval.agreement import exact_match, token_f1
@@ -36,7 +36,6 @@ from polykv_agents.models import embedded_model_file
 from polykv_agents.pool import SharedKVPool
 from polykv_agents.prefill import prefill_cache
 
-Progress = Callable[[str], None]
 PEER_SIDE = Path(__file__).with_name("peer_side.py")
 
 

@@ -20,15 +20,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.agent import PooledAgent
 from polykv_agents.bench.environment import RunInfo
-from polykv_agents.bench.output import SuiteResult
-from polykv_agents.bench.stats import mean_interval
+from polykv_agents.bench.output import Progress, SuiteResult
+from polykv_agents.bench.sweep import delta_fields, delta_samples
 from polykv_agents.config import CompressionConfig
 from polykv_agents.eval.agreement import exact_match, token_f1
-from polykv_agents.eval.perplexity import perplexity_deltas
 from polykv_agents.pool import SharedKVPool
 from polykv_agents.prefill import prefill_cache
 
-Progress = Callable[[str], None]
 Similarity = Callable[[Sequence[str], Sequence[str]], list[float]]
 
 QUESTIONS = (
@@ -43,42 +41,22 @@ def ppl_rows(
     continuation_tokens: int, progress: Progress,
 ) -> list[dict]:  # fmt: skip
     """One row per (config name, context) with the delta summarised over ``texts``."""
-    deltas: dict[tuple[str, int], list[float]] = {}
-    ratios: dict[tuple[str, int], float] = {}
-    for context in contexts:
-        for index, text in enumerate(texts):
-            progress(f"perplexity: context {context}, document {index + 1}/{len(texts)}")
-            results = perplexity_deltas(
-                model,
-                tokenizer,
-                text,
-                context_tokens=context,
-                continuation_tokens=continuation_tokens,
-                configs=list(configs.values()),
-            )
-            for name, result in zip(configs, results, strict=True):
-                deltas.setdefault((name, context), []).append(result.delta_pct)
-                ratios[(name, context)] = result.compression_ratio
-    rows = []
-    for (name, context), values in deltas.items():
-        interval = mean_interval(values)
-        rows.append(
-            {
-                "kind": "ppl",
-                "config": name,
-                "config_label": configs[name].label(),
-                "context_tokens": context,
-                "documents": len(values),
-                "delta_pct_mean": interval.mean,
-                "delta_pct_ci_low": interval.low,
-                "delta_pct_ci_high": interval.high,
-                "delta_pct_min": interval.min,
-                "delta_pct_max": interval.max,
-                "delta_pct_per_document": values,
-                "compression_ratio_vs_fp16": ratios[(name, context)],
-            }
-        )
-    return rows
+    deltas, ratios = delta_samples(
+        model, tokenizer, texts, contexts, list(configs.items()), continuation_tokens, progress
+    )
+    return [
+        {
+            "kind": "ppl",
+            "config": name,
+            "config_label": configs[name].label(),
+            "context_tokens": context,
+            "documents": len(values),
+            **delta_fields(values),
+            "delta_pct_per_document": values,
+            "compression_ratio_vs_fp16": ratios[(name, context)],
+        }
+        for (name, context), values in deltas.items()
+    ]
 
 
 def agreement_rows(

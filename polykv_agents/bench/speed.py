@@ -20,13 +20,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from polykv_agents.agent import PooledAgent
 from polykv_agents.bench.agents import role_prompts, run_batched, timed, ttft_pool, ttft_reprefill
 from polykv_agents.bench.environment import RunInfo
-from polykv_agents.bench.output import SuiteResult
+from polykv_agents.bench.output import Progress, SuiteResult
 from polykv_agents.config import CompressionConfig
 from polykv_agents.generation import GenerationSettings
 from polykv_agents.pool import SharedKVPool
 from polykv_agents.prefill import prefill_cache
-
-Progress = Callable[[str], None]
 
 COMPRESS_TARGET_PCT = 10.0
 DECOMPRESS_TARGET_PCT = 5.0

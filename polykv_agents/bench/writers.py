@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from polykv_agents.bench import plots
-from polykv_agents.bench.output import Column, SuiteResult, column, write_suite
+from polykv_agents.bench.output import Column, SuiteResult, column, markdown_table, write_suite
 
 MIB = 2**20
 
@@ -60,19 +60,28 @@ def write_speed(result: SuiteResult, out_dir: Path) -> list[Path]:
         column("decompress % of prefill", "decompress_pct_of_prefill", "{:.1f}%"),
         _mib("pool MiB", "pool_nbytes", 2),
     ]
-    ttft = "\n".join(
-        f"| {r['context_tokens']} | {r['ttft_s_pool']:.3f} | {r['ttft_s_reprefill']:.2f} | {r['ttft_speedup']:.1f}x |"
-        for r in rows["ttft"]
+    ttft = markdown_table(
+        rows["ttft"],
+        [
+            column("context", "context_tokens"),
+            column("TTFT pool s", "ttft_s_pool", "{:.3f}"),
+            column("TTFT re-prefill s", "ttft_s_reprefill", "{:.2f}"),
+            column("speedup", "ttft_speedup", "{:.1f}x"),
+        ],
     )
-    throughput = "\n".join(
-        f"| {r['agents']} | {r['tokens_per_s']:.1f} | {r['speedup_vs_one_agent']:.2f}x |" for r in rows["throughput"]
+    throughput = markdown_table(
+        rows["throughput"],
+        [
+            column("agents", "agents"),
+            column("tokens/s", "tokens_per_s", "{:.1f}"),
+            column("vs one agent", "speedup_vs_one_agent", "{:.2f}x"),
+        ],
     )
     notes = [
         "Targets: compress <= 10% and decompress <= 5% of the prefill time.",
-        "Time to first token, one agent from the pool against re-prefilling document + question:\n\n"
-        "| context | TTFT pool s | TTFT re-prefill s | speedup |\n|---|---|---|---|\n" + ttft,
+        "Time to first token, one agent from the pool against re-prefilling document + question:\n\n" + ttft,
         "Aggregate decode throughput, N agents at once through the runtime (their prompts' admission included):\n\n"
-        "| agents | tokens/s | vs one agent |\n|---|---|---|\n" + throughput,
+        + throughput,
     ]
     figures = {"throughput": plots.throughput_vs_agents(rows["throughput"])}
     return write_suite(
@@ -92,18 +101,19 @@ def write_quality(result: SuiteResult, out_dir: Path) -> list[Path]:
         Column("range", _pct_range),
         column("documents", "documents"),
     ]
-    has_cosine = all("minilm_cosine" in r for r in agreement)
-    lines = [
-        f"| {r['config']} | {r['answers']} | {r['exact_match']:.2f} | {r['token_f1']:.3f} |"
-        + (f" {r['minilm_cosine']:.3f} |" if has_cosine else "")
-        for r in agreement
+    agreement_columns = [
+        column("config", "config"),
+        column("answers", "answers"),
+        column("exact match", "exact_match", "{:.2f}"),
+        column("token F1", "token_f1", "{:.3f}"),
     ]
-    header = "| config | answers | exact match | token F1 |" + (" MiniLM cosine |" if has_cosine else "")
+    if all("minilm_cosine" in r for r in agreement):
+        agreement_columns.append(column("MiniLM cosine", "minilm_cosine", "{:.3f}"))
     notes = [
         "Agreement of pooled answers with answers over the uncompressed cache (greedy, same prompts, "
         f"{result.settings['agreement_context']}-token prefix). MiniLM cosine is the cosine similarity of "
         "all-MiniLM-L6-v2 sentence embeddings, not BERTScore (which needs a roberta-large download):\n\n"
-        + "\n".join([header, "|" + "---|" * (header.count("|") - 1), *lines])
+        + markdown_table(agreement, agreement_columns)
     ]
     figures = {"ppl_vs_context": plots.ppl_delta_vs_context(ppl)}
     return write_suite(result, out_dir, title="Quality", columns=columns, figures=figures, notes=notes, table_rows=ppl)
