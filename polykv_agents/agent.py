@@ -13,9 +13,10 @@ from collections.abc import Iterator, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from polykv_agents.architecture import check_causal_lm
 from polykv_agents.decoding import Runtime, encode_prompt, generate_text, generate_token_ids
 from polykv_agents.generation import GenerationSettings
-from polykv_agents.pool import SharedKVPool, check_causal_lm
+from polykv_agents.pool import SharedKVPool
 from polykv_agents.prompts import agent_turns
 
 logger = logging.getLogger(__name__)

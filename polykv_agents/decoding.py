@@ -23,7 +23,7 @@ from polykv_agents.documents import max_positions
 from polykv_agents.generation import GenerationSettings, GenerationStats, eos_token_ids, next_token
 from polykv_agents.pool import SharedKVPool
 from polykv_agents.prompts import Message, render_continuation, render_prompt
-from polykv_agents.runtime.scheduler import scheduler_for
+from polykv_agents.runtime import scheduler
 from polykv_agents.text_stream import StopAwareDetokenizer
 
 
@@ -119,7 +119,7 @@ def generate_token_ids(
         stats.finish_reason = "length"
         return
     if pool is not None and runtime != "private":
-        tokens = scheduler_for(model, tokenizer, pool, runtime).submit(prompt_ids, settings, stats, budget)
+        tokens = scheduler.submit(model, tokenizer, pool, runtime, prompt_ids, settings, stats, budget)
     else:
         with torch.inference_mode():
             cache = pool.to_cache(model) if pool is not None else new_dynamic_cache(model)

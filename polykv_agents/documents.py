@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from polykv_agents.architecture import document_token_limit
 from polykv_agents.prompts import Message, has_chat_template, render_messages
 
 Document = str | bytes | Sequence[Message]
@@ -63,7 +64,8 @@ def tokenize_document(
     """Token ids ``[T]`` of the document, plus its messages when it is a chat prefix.
 
     Raises:
-        ValueError: empty, undecodable, or longer than the model's positions.
+        ValueError: empty, undecodable, longer than the model's positions, or longer than its
+            sliding window (see :mod:`polykv_agents.architecture`).
     """
     if isinstance(document, (str, bytes)):
         text, messages, add_special = document_text(document), None, True
@@ -79,6 +81,14 @@ def tokenize_document(
         msg = (
             f"the document is {token_ids.numel()} tokens, but the model covers at most {limit} positions "
             "and the agents' turns must fit after it; shorten or split the document"
+        )
+        raise ValueError(msg)
+    window = document_token_limit(model)
+    if window is not None and token_ids.numel() > window:
+        msg = (
+            f"the document is {token_ids.numel()} tokens, but this model's sliding-window layers keep only the "
+            f"last {window}, so the pool would lose the document's beginning; split the document into parts of "
+            f"at most {window} tokens (one pool each), or use a model without sliding-window attention"
         )
         raise ValueError(msg)
     return token_ids, messages

@@ -24,6 +24,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
+from polykv_agents.architecture import check_causal_lm
 from polykv_agents.codecs import EncodedTensor, build_codec, decode
 from polykv_agents.compat import cache_from_key_values, layer_key_values
 from polykv_agents.config import CompressionConfig
@@ -57,17 +58,6 @@ def pool_digest(
     h = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
     h.update(token_ids.detach().to("cpu", torch.int64).contiguous().numpy().tobytes())
     return h.hexdigest()
-
-
-def check_causal_lm(model: object) -> None:
-    """Raise a clear ``TypeError`` unless ``model`` is a Hugging Face model that can generate."""
-    can_generate = getattr(model, "can_generate", None)
-    if not isinstance(model, PreTrainedModel) or not callable(can_generate) or not can_generate():
-        msg = (
-            f"{type(model).__name__} is not a causal language model. Load one with "
-            "polykv_agents.load_model(...) or transformers.AutoModelForCausalLM."
-        )
-        raise TypeError(msg)
 
 
 class SharedKVPool:

@@ -30,11 +30,12 @@ from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from polykv_agents.architecture import check_causal_lm
 from polykv_agents.config import CompressionConfig
 from polykv_agents.documents import Document, tokenize_document
 from polykv_agents.fingerprint import ModelFingerprint, model_fingerprint
 from polykv_agents.handle import PoolHandle
-from polykv_agents.pool import SharedKVPool, check_causal_lm, pool_digest
+from polykv_agents.pool import SharedKVPool, pool_digest
 from polykv_agents.prefill import DEFAULT_CHUNK_SIZE
 from polykv_agents.store import PoolStore
 

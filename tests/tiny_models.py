@@ -6,7 +6,19 @@ import functools
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma2Config,
+    GPT2Config,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    Phi3Config,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
@@ -58,4 +70,82 @@ def tiny_llama(*, head_dim: int = 16, num_layers: int = 2, seed: int = 0, vocab_
     )
     model = LlamaForCausalLM(config).eval()
     model.generation_config.eos_token_id = 2
+    return model
+
+
+SLIDING_WINDOW = 64
+"""Window of the tiny sliding-window families: documents in tests are shorter, answers run past it."""
+
+_IDS = {"vocab_size": 320, "bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 0}
+
+
+def _family_configs() -> dict[str, PretrainedConfig]:
+    """One tiny config per architecture family, each with the trait that family is tested for."""
+    return {
+        "llama": LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+            **_IDS,
+        ),  # GQA
+        "qwen2": Qwen2Config(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+            **_IDS,
+        ),  # bias on q/k/v projections
+        "mistral": MistralConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=1024,
+            sliding_window=SLIDING_WINDOW,
+            **_IDS,
+        ),  # sliding window on every layer
+        "phi3": Phi3Config(
+            hidden_size=192,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+            original_max_position_embeddings=1024,
+            **_IDS,
+        ),  # head_dim 96, fused qkv projection
+        "gemma2": Gemma2Config(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=256,
+            max_position_embeddings=1024,
+            sliding_window=SLIDING_WINDOW,
+            query_pre_attn_scalar=256,
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+            **_IDS,
+        ),  # head_dim 256, soft-capping, alternating sliding and global layers
+        "gpt2": GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=1024, **_IDS),  # MHA, Conv1D c_attn layout
+    }
+
+
+FAMILIES = tuple(_family_configs())
+
+
+def tiny_causal_lm(family: str, *, seed: int = 0) -> PreTrainedModel:
+    """A tiny random-initialised model of ``family`` (one of :data:`FAMILIES`), in fp32, no download."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(_family_configs()[family]).eval()
+    model.generation_config.eos_token_id = 2
+    model.generation_config.pad_token_id = 0
     return model

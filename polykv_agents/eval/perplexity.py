@@ -21,9 +21,10 @@ import torch.nn.functional as F
 from pydantic import BaseModel
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from polykv_agents.architecture import check_causal_lm
 from polykv_agents.compat import cache_from_key_values, forward_with_cache, layer_key_values
 from polykv_agents.config import CompressionConfig
-from polykv_agents.pool import SharedKVPool, check_causal_lm
+from polykv_agents.pool import SharedKVPool
 from polykv_agents.prefill import DEFAULT_CHUNK_SIZE, prefill_cache
 
 

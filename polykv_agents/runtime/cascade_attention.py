@@ -15,18 +15,32 @@ Shapes (B agents in the batch, q new tokens each, H query heads, KVH kv heads, G
   suffix part: per-agent masked attention -> l2, o2
   out = (o1 * exp(l1 - m) + o2 * exp(l2 - m)) / (exp(l1 - m) + exp(l2 - m)),  m = max(l1, l2)
 which equals softmax attention over the concatenation [prefix, suffix] without ever building it.
+
+Model-specific attention features follow the model's own attention function:
+- sliding-window layers (``sliding_window`` kwarg: Mistral, Gemma 2's local layers) mask prefix and
+  suffix keys more than ``window - 1`` positions behind each query, as transformers' masks do;
+  a part with no visible key gets weight 0 in the merge;
+- logit soft-capping (``softcap`` kwarg: Gemma 2) caps the scores before the softmax, as the
+  model's eager attention does (the fused CPU kernel cannot, so those layers run unfused).
+Ordinary calls (no :class:`CascadeContext`) run the attention the model had before it was switched
+(``sdpa``, ``eager``, ...), so switching never changes a model's plain ``generate``.
 """
 
 from __future__ import annotations
+
+import sys
+from collections.abc import Callable
 
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from polykv_agents.runtime.shared_prefix import SharedPrefix
 
 ATTENTION_NAME = "polykv_cascade"
+"""Name of the cascade attention over an ``sdpa`` model; over another base it is ``polykv_cascade_<base>``."""
 
 
 class CascadeContext:
@@ -45,36 +59,76 @@ class CascadeContext:
         self.starts = torch.zeros_like(past_lengths) if starts is None else starts
         self._masks: dict[tuple, torch.Tensor] = {}
 
-    def suffix_mask(self, suffix_len: int, q_len: int, groups: int, device: torch.device) -> torch.Tensor:
-        """``[B, 1, G*q, S]`` bool: row r's query i (each of its G heads per kv head) sees suffix slot j
-        iff ``starts[r] <= j <= past[r] + i``. Built once per forward and shared by every layer."""
-        key = (suffix_len, q_len, groups, device)
+    def _cached(self, key: tuple, build: Callable[[], torch.Tensor | None]) -> torch.Tensor | None:
+        # Every layer of one forward asks for the same masks: build each once per forward.
         if key not in self._masks:
+            self._masks[key] = build()
+        return self._masks[key]
+
+    def query_positions(self, q_len: int) -> torch.Tensor:
+        """``[B, q]`` absolute positions of this step's queries (the prefix holds positions ``0 .. T-1``)."""
+        return self.prefix.num_tokens + (self.past_lengths - self.starts).view(-1, 1) + torch.arange(q_len)
+
+    def suffix_mask(
+        self, suffix_len: int, q_len: int, groups: int, device: torch.device, window: int | None = None
+    ) -> torch.Tensor:
+        """``[B, 1, G*q, S]`` bool: row r's query i (each of its G heads per kv head) sees suffix slot j
+        iff ``starts[r] <= j <= past[r] + i`` and, in a sliding-window layer, ``j > past[r] + i - window``."""
+
+        def build() -> torch.Tensor:
             batch = self.past_lengths.numel()
             slots = torch.arange(suffix_len, device=device).view(1, 1, suffix_len)
-            limits = self.past_lengths.to(device).view(batch, 1) + torch.arange(q_len, device=device)
-            visible = (slots <= limits.view(batch, q_len, 1)) & (slots >= self.starts.to(device).view(batch, 1, 1))
-            grouped = visible.view(batch, 1, 1, q_len, suffix_len).expand(batch, 1, groups, q_len, suffix_len)
-            self._masks[key] = grouped.reshape(batch, 1, groups * q_len, suffix_len)
-        return self._masks[key]
+            limits = (self.past_lengths.to(device).view(batch, 1) + torch.arange(q_len, device=device)).unsqueeze(-1)
+            visible = (slots <= limits) & (slots >= self.starts.to(device).view(batch, 1, 1))
+            if window is not None:
+                visible &= slots > limits - window
+            return _grouped(visible, groups).reshape(batch, 1, groups * q_len, suffix_len)
 
-    def additive_suffix_mask(self, suffix_len: int, q_len: int, groups: int, dtype: torch.dtype, device):
-        """:meth:`suffix_mask` as the fused kernel wants it: 0 where visible, -inf elsewhere, in the
-        query's dtype. Built once per forward."""
-        key = (suffix_len, q_len, groups, device, dtype)
-        if key not in self._masks:
-            visible = self.suffix_mask(suffix_len, q_len, groups, device)
-            self._masks[key] = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, -torch.inf)
-        return self._masks[key]
+        return self._cached(("suffix", suffix_len, q_len, groups, device, window), build)
+
+    def prefix_mask(self, q_len: int, groups: int, device: torch.device, window: int | None) -> torch.Tensor | None:
+        """``[1, 1, B*G*q, T]`` bool, in the prefix part's row order (row, head in group, query): which
+        prefix tokens each query sees in a sliding-window layer; ``None`` when every query sees all of them."""
+
+        def build() -> torch.Tensor | None:
+            positions = self.query_positions(q_len).to(device)  # [B, q]
+            if window is None or int(positions.max()) - window < 0:
+                return None  # no query is a whole window past the first prefix token
+            tokens = torch.arange(self.prefix.num_tokens, device=device)
+            visible = tokens.view(1, 1, -1) > (positions - window).unsqueeze(-1)  # [B, q, T]
+            return _grouped(visible, groups).reshape(1, 1, -1, self.prefix.num_tokens)
+
+        return self._cached(("prefix", q_len, groups, device, window), build)
+
+    def additive(self, mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+        """``mask`` as the fused kernel wants it: 0 where visible, -inf elsewhere, in ``dtype``."""
+        if mask is None:
+            return None
+
+        def build() -> torch.Tensor:
+            return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, -torch.inf)
+
+        return self._cached(("additive", id(mask), dtype), build)
 
 
-def _attend_unfused(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float, mask=None):
+def _grouped(visible: torch.Tensor, groups: int) -> torch.Tensor:
+    """``[B, q, k]`` -> ``[B, G, q, k]``: the same visibility for each of the G query heads of a kv head."""
+    batch, q_len, k_len = visible.shape
+    return visible.view(batch, 1, q_len, k_len).expand(batch, groups, q_len, k_len)
+
+
+def _attend_unfused(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float, mask=None, softcap=None
+):
     """Softmax attention that also returns the log-sum-exp of the scores, on any device.
 
     query [N, H, n, D], keys/values [N, H, k, D], mask bool broadcastable to [N, H, n, k] (True =
-    attend). Returns ``(out [N, H, n, D], lse [N, H, n])``, both float32.
+    attend), softcap: scores become ``softcap * tanh(scores / softcap)`` (Gemma 2). Returns
+    ``(out [N, H, n, D], lse [N, H, n])``, both float32; a fully masked row gets lse ``-inf``.
     """
     scores = torch.matmul(query.float(), keys.float().transpose(-1, -2)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     # One exp pass serves both the output and the log-sum-exp (torch.logsumexp would add a second).
@@ -96,16 +150,20 @@ _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 _FLASH_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _attend(query, keys, values, scaling: float, *, bool_mask=None, additive_mask=None):
+def _attend(query, keys, values, scaling: float, *, bool_mask=None, additive_mask=None, softcap=None):
     """``(out [N, H, n, D] float32, lse [N, H, n] float32)``: the fused kernel on CPU, else unfused.
 
     Pass the mask both ways (``additive_mask`` for the fused kernel, ``bool_mask`` for the fallback)
-    so that neither path converts per layer.
+    so that neither path converts per layer. Rows with no visible key get lse ``-inf`` either way.
     """
-    if _CPU_FLASH is not None and query.device.type == "cpu" and query.dtype in _FLASH_DTYPES:
-        out, lse = _CPU_FLASH(query, keys, values, 0.0, False, attn_mask=additive_mask, scale=scaling)[:2]
-        return out.float(), lse.float()
-    return _attend_unfused(query, keys, values, scaling, bool_mask)
+    fused = _CPU_FLASH is not None and query.device.type == "cpu" and query.dtype in _FLASH_DTYPES
+    if not fused or softcap is not None:
+        return _attend_unfused(query, keys, values, scaling, bool_mask, softcap)
+    out, lse = _CPU_FLASH(query, keys, values, 0.0, False, attn_mask=additive_mask, scale=scaling)[:2]
+    out, lse = out.float(), lse.float()
+    if bool_mask is not None:  # the kernel gives such rows a finite lse, which would weigh a zero output in
+        lse = lse.masked_fill(~bool_mask.any(dim=-1), -torch.inf)
+    return out, lse
 
 
 def cascade_attention_forward(
@@ -117,14 +175,14 @@ def cascade_attention_forward(
     dropout: float = 0.0,
     scaling: float | None = None,
     cascade: CascadeContext | None = None,
+    *,
+    base: str = "sdpa",
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers attention function: SDPA unless a :class:`CascadeContext` is passed."""
+    """transformers attention function: the model's ``base`` attention unless a :class:`CascadeContext` is passed."""
     if cascade is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    if kwargs.get("softcap") is not None or getattr(module, "sliding_window", None):
-        msg = "cascade attention does not support logit soft-capping or sliding-window layers yet"
-        raise NotImplementedError(msg)
+        return _base_attention(base, module)(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
     batch, heads, q_len, head_dim = query.shape
     scaling = scaling if scaling is not None else head_dim**-0.5
     prefix_keys, prefix_values = cascade.prefix.layer(module.layer_idx)  # [1, KVH, T, D]
@@ -134,40 +192,82 @@ def cascade_attention_forward(
     # Prefix: all rows' queries against the one prefix, per kv head: [1, KVH, B*G*q, D].
     grouped = query.reshape(batch, kv_heads, groups * q_len, head_dim).transpose(0, 1)
     grouped = grouped.reshape(1, kv_heads, batch * groups * q_len, head_dim)
-    out_prefix, lse_prefix = _attend(grouped, prefix_keys, prefix_values, scaling)
+    prefix_mask = cascade.prefix_mask(q_len, groups, query.device, window)
+    out_prefix, lse_prefix = _attend(
+        grouped,
+        prefix_keys,
+        prefix_values,
+        scaling,
+        bool_mask=prefix_mask,
+        additive_mask=cascade.additive(prefix_mask, query.dtype),
+        softcap=softcap,
+    )
     out_prefix = out_prefix.view(kv_heads, batch, groups * q_len, head_dim).transpose(0, 1)
     lse_prefix = lse_prefix.view(kv_heads, batch, groups * q_len).transpose(0, 1)
 
     # Suffix: each row's own tokens, causal, left padding masked.  [B, KVH, G*q, D]
-    suffix_len = key.shape[-2]
+    suffix_mask = cascade.suffix_mask(key.shape[-2], q_len, groups, query.device, window)
     out_suffix, lse_suffix = _attend(
         query.reshape(batch, kv_heads, groups * q_len, head_dim),
         key,
         value,
         scaling,
-        bool_mask=cascade.suffix_mask(suffix_len, q_len, groups, query.device),
-        additive_mask=cascade.additive_suffix_mask(suffix_len, q_len, groups, query.dtype, query.device),
+        bool_mask=suffix_mask,
+        additive_mask=cascade.additive(suffix_mask, query.dtype),
+        softcap=softcap,
     )
 
-    # Exact merge of the two softmax parts.  [B, KVH, G*q, D]
+    # Exact merge of the two softmax parts; a part with no visible key (lse -inf) gets weight 0.  [B, KVH, G*q, D]
     top = torch.maximum(lse_prefix, lse_suffix)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a left-padding query sees nothing
     w_prefix = torch.exp(lse_prefix - top).unsqueeze(-1)
     w_suffix = torch.exp(lse_suffix - top).unsqueeze(-1)
-    out = (out_prefix * w_prefix + out_suffix * w_suffix) / (w_prefix + w_suffix)
+    total = (w_prefix + w_suffix).clamp_min(torch.finfo(torch.float32).tiny)
+    out = (out_prefix * w_prefix + out_suffix * w_suffix) / total
     out = out.reshape(batch, heads, q_len, head_dim).transpose(1, 2).contiguous()  # [B, q, H, D]
     return out.to(query.dtype), None
 
 
-def register_cascade_attention() -> str:
-    """Register the attention function (idempotent) and return its name."""
-    AttentionInterface.register(ATTENTION_NAME, cascade_attention_forward)
-    # Ordinary calls need SDPA's masks; cascade calls build their own and ignore the one passed.
-    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, sdpa_mask)
-    return ATTENTION_NAME
+def _base_attention(base: str, module: torch.nn.Module) -> Callable:
+    """The attention function ``base`` names for ``module``: ``eager`` is each model file's own function
+    (it carries the model's soft-capping, sinks, ...), the others are transformers' registered ones."""
+    if base == "eager":
+        eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+        if eager is None:
+            msg = (
+                f"{type(module).__name__} has no eager attention function; "
+                "load the model with attn_implementation='sdpa'"
+            )
+            raise NotImplementedError(msg)
+        return eager
+    return ALL_ATTENTION_FUNCTIONS[base] if base != "sdpa" else sdpa_attention_forward
+
+
+def cascade_attention_name(base: str) -> str:
+    """The registered name of cascade attention over ``base`` (the model's attention before the switch)."""
+    return ATTENTION_NAME if base == "sdpa" else f"{ATTENTION_NAME}_{base}"
+
+
+def register_cascade_attention(base: str = "sdpa") -> str:
+    """Register cascade attention over ``base`` (idempotent) and return its name."""
+    name = cascade_attention_name(base)
+
+    def attention(*args, **kwargs):
+        return cascade_attention_forward(*args, base=base, **kwargs)
+
+    AttentionInterface.register(name, attention)
+    # Ordinary calls need the base's masks; cascade calls build their own and ignore the one passed.
+    base_mask = ALL_MASK_ATTENTION_FUNCTIONS.get(base, sdpa_mask)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, base_mask)
+    return name
 
 
 def enable_cascade_attention(model) -> None:
-    """Switch ``model`` to cascade attention. Ordinary calls keep SDPA's numerics exactly."""
-    name = register_cascade_attention()
-    if model.config._attn_implementation != name:
-        model.set_attn_implementation(name)
+    """Switch ``model`` to cascade attention over the attention it has now, whose numerics ordinary
+    calls keep exactly."""
+    current = model.config._attn_implementation
+    if current is None or current.startswith(ATTENTION_NAME):
+        if current is not None:
+            return
+        current = "sdpa"
+    model.set_attn_implementation(register_cascade_attention(current))

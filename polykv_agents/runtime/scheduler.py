@@ -13,6 +13,11 @@ threads). One worker thread per (model, pool, residency) owns the model's forwar
 Each request owns its sampling settings, token budget and generator; stop strings are applied by
 the consumer on text, which then closes its iterator, which cancels the request: the row is freed
 at the next step boundary while the others go on.
+
+A scheduler holds its pool's decoded prefix and a thread. One that has had no work for
+:data:`SCHEDULER_IDLE_SECONDS` retires: it leaves the process-wide registry and its thread ends, so a
+long-lived server that reads many pools over time keeps only the recently used ones alive. The next
+request over that pool starts a fresh scheduler (its cost: decoding the prefix once more).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import logging
 import queue
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -37,6 +42,9 @@ from polykv_agents.runtime.suffix_cache import SuffixCache
 logger = logging.getLogger(__name__)
 
 _END = object()
+
+SCHEDULER_IDLE_SECONDS = 15.0
+"""How long a scheduler in the process-wide registry waits without work before it retires."""
 
 
 @dataclass(eq=False)
@@ -65,7 +73,12 @@ class BatchScheduler:
         pool: The shared document pool.
         residency: Whether the prefix is kept decoded (fast) or compressed (smallest).
         max_batch_size: Rows decoded together; further requests wait for a free row.
+        on_idle: Called from the worker after ``idle_seconds`` without work; returns whether the
+            scheduler retired (then its thread ends). ``None``: it waits for work until closed.
     """
+
+    idle_seconds: float | None = SCHEDULER_IDLE_SECONDS
+    """Seconds without work before ``on_idle`` is asked; ``None``: never (benchmarks that read peaks)."""
 
     def __init__(
         self,
@@ -75,6 +88,7 @@ class BatchScheduler:
         *,
         residency: Residency = "decompressed",
         max_batch_size: int = 32,
+        on_idle: Callable[[BatchScheduler], bool] | None = None,
     ) -> None:
         enable_cascade_attention(model)
         self.model = model
@@ -87,6 +101,7 @@ class BatchScheduler:
         self._rows: list[_Request] = []
         self._cache = SuffixCache(self._num_layers, 0)
         self._closed = False
+        self._on_idle = on_idle
         self.peak_batch_size = 0
         self.peak_suffix_nbytes = 0
         self._thread = threading.Thread(target=self._run, name="polykv-scheduler", daemon=True)
@@ -98,6 +113,9 @@ class BatchScheduler:
         """Queue a request; returns an iterator of its token ids. Closing the iterator cancels it."""
         request = _Request(prompt_ids, settings, budget, stats, settings.make_generator())
         with self._wake:
+            if self._closed:
+                msg = "this scheduler is closed; submit through polykv_agents.runtime.scheduler.submit(...)"
+                raise RuntimeError(msg)
             self._inbox.put(request)
             self._wake.notify()
         return self._tokens(request)
@@ -125,13 +143,32 @@ class BatchScheduler:
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
 
-    def _run(self) -> None:
+    def close_if_idle(self) -> bool:
+        """Close now if no request is running or waiting; returns whether it closed."""
+        with self._wake:
+            if self._rows or not self._inbox.empty():
+                return False
+            self._closed = True
+            return True
+
+    def _wait_for_work(self) -> bool:
+        """Block until there is work; ``False`` once closed or retired."""
         while True:
             with self._wake:
                 while not self._rows and self._inbox.empty() and not self._closed:
-                    self._wake.wait()
+                    timeout = self.idle_seconds if self._on_idle is not None else None
+                    if not self._wake.wait(timeout) and self._inbox.empty():
+                        break  # idle for idle_seconds
                 if self._closed:
-                    break
+                    return False
+                if self._rows or not self._inbox.empty():
+                    return True
+            # Outside the condition: on_idle takes the registry lock first, as submit() does.
+            if self._on_idle is not None and self._on_idle(self):
+                return False
+
+    def _run(self) -> None:
+        while self._wait_for_work():
             try:
                 self._admit()
                 self._drop_finished()
@@ -163,10 +200,9 @@ class BatchScheduler:
     def _forward(self, ids: torch.Tensor, cache: SuffixCache) -> torch.Tensor:
         """Forward ``ids [B, q]`` for the rows of ``cache``; returns last-position logits ``[B, vocab]``."""
         q_len = ids.shape[-1]
-        # Row r's token in slot j sits at position T + j - starts[r]; left padding gets clamped positions.
-        slots = (cache.lengths - cache.starts).view(-1, 1) + torch.arange(q_len)
-        positions = (self.prefix.num_tokens + slots).clamp(min=0)  # [B, q]
         context = CascadeContext(self.prefix, cache.lengths.clone(), cache.starts.clone())
+        # Row r's token in slot j sits at position T + j - starts[r]; left padding gets clamped positions.
+        positions = context.query_positions(q_len).clamp(min=0)  # [B, q]
         with torch.inference_mode():
             logits = self.model(
                 input_ids=ids.to(self.model.device),
@@ -240,6 +276,7 @@ class BatchScheduler:
 
 
 # The documented process-wide registry of schedulers: model -> {(pool digest, residency): scheduler}.
+# Lock order: _SCHEDULERS_LOCK, then a scheduler's own condition (submit and retirement both follow it).
 _SCHEDULERS: weakref.WeakKeyDictionary[PreTrainedModel, dict[tuple[str, str], BatchScheduler]] = (
     weakref.WeakKeyDictionary()
 )
@@ -257,13 +294,59 @@ def close_all_schedulers() -> None:
         scheduler.close()
 
 
+def _retire(model: PreTrainedModel, key: tuple[str, str], scheduler: BatchScheduler) -> bool:
+    with _SCHEDULERS_LOCK:
+        if not scheduler.close_if_idle():
+            return False
+        per_model = _SCHEDULERS.get(model, {})
+        if per_model.get(key) is scheduler:
+            del per_model[key]
+    logger.debug("scheduler for pool %s retired after %.0f s idle", key[0][:12], scheduler.idle_seconds or 0)
+    return True
+
+
+def _registered(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pool: SharedKVPool, residency: Residency
+) -> BatchScheduler:
+    """The live scheduler for ``(model, pool, residency)``, started if there is none; hold ``_SCHEDULERS_LOCK``."""
+    key = (pool.digest, residency)
+    per_model = _SCHEDULERS.setdefault(model, {})
+    if key not in per_model:
+        model_ref = weakref.ref(model)
+
+        def on_idle(scheduler: BatchScheduler) -> bool:
+            owner = model_ref()
+            return owner is None or _retire(owner, key, scheduler)
+
+        per_model[key] = BatchScheduler(model, tokenizer, pool, residency=residency, on_idle=on_idle)
+    return per_model[key]
+
+
 def scheduler_for(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pool: SharedKVPool, residency: Residency
 ) -> BatchScheduler:
-    """The one scheduler that batches every request over ``pool`` on ``model``."""
-    key = (pool.digest, residency)
+    """The one scheduler that batches every request over ``pool`` on ``model`` (until it retires)."""
     with _SCHEDULERS_LOCK:
-        per_model = _SCHEDULERS.setdefault(model, {})
-        if key not in per_model:
-            per_model[key] = BatchScheduler(model, tokenizer, pool, residency=residency)
-        return per_model[key]
+        return _registered(model, tokenizer, pool, residency)
+
+
+def submit(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    pool: SharedKVPool,
+    residency: Residency,
+    prompt_ids: torch.Tensor,
+    settings: GenerationSettings,
+    stats: GenerationStats,
+    budget: int,
+) -> Iterator[int]:
+    """Queue a request on the pool's scheduler; returns its token ids. Under the registry lock, so the
+    scheduler cannot retire between being looked up and receiving the request."""
+    with _SCHEDULERS_LOCK:
+        return _registered(model, tokenizer, pool, residency).submit(prompt_ids, settings, stats, budget)
+
+
+def live_scheduler_count() -> int:
+    """Schedulers (and so worker threads and decoded prefixes) alive in the process-wide registry."""
+    with _SCHEDULERS_LOCK:
+        return sum(len(per_model) for per_model in _SCHEDULERS.values())

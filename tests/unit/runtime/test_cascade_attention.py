@@ -117,7 +117,7 @@ def test_left_padded_rows_prefilled_together_match_ordinary_attention(setup, ker
         torch.testing.assert_close(step[row, -1], expected, rtol=1e-4, atol=1e-5)
 
 
-def test_fused_and_unfused_kernels_agree_and_stay_finite_on_fully_masked_rows():
+def test_fused_and_unfused_kernels_agree_and_mark_fully_masked_rows():
     if cascade_attention._CPU_FLASH is None:
         pytest.skip("this PyTorch has no fused CPU attention kernel")
     gen = torch.Generator().manual_seed(0)
@@ -129,6 +129,65 @@ def test_fused_and_unfused_kernels_agree_and_stay_finite_on_fully_masked_rows():
     fused = cascade_attention._attend(query, keys, values, 0.3, bool_mask=visible, additive_mask=additive)
     unfused = cascade_attention._attend_unfused(query, keys, values, 0.3, visible)
     seen = visible.expand(2, 3, 4, 6).any(-1)  # [N, H, n]
+    for (out, lse), name in ((fused, "fused"), (unfused, "unfused")):
+        assert torch.isfinite(out).all(), name
+        # A query that sees nothing must weigh nothing in the merge: its log-sum-exp is -inf, on both paths.
+        assert torch.isneginf(lse[~seen]).all(), name
+        assert torch.isfinite(lse[seen]).all(), name
     for got, expected in zip(fused, unfused, strict=True):
-        assert torch.isfinite(got).all()
         torch.testing.assert_close(got[seen], expected[seen], rtol=1e-5, atol=1e-6)
+
+
+class _Prefix:
+    """The two things cascade attention reads from a SharedPrefix."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.keys, self.values, self.num_tokens = keys, values, keys.shape[-2]
+
+    def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys, self.values
+
+
+def _eager_reference(query, prefix_keys, prefix_values, keys, values, past, starts, scaling, window, softcap):
+    """Row by row: softmax over [prefix, the row's own suffix] with transformers' causal, sliding-window
+    and soft-capping semantics (a key is visible iff ``0 <= q_pos - k_pos < window``)."""
+    batch, heads, q_len, _ = query.shape
+    groups = heads // prefix_keys.shape[1]
+    total = prefix_keys.shape[-2]
+    outs = []
+    for r in range(batch):
+        suffix = slice(int(starts[r]), int(past[r]) + q_len)
+        k = torch.cat([prefix_keys[0], keys[r, :, suffix]], dim=1).repeat_interleave(groups, 0)  # [H, K, D]
+        v = torch.cat([prefix_values[0], values[r, :, suffix]], dim=1).repeat_interleave(groups, 0)
+        k_pos = torch.arange(k.shape[1])
+        q_pos = total + int(past[r] - starts[r]) + torch.arange(q_len)
+        distance = q_pos.view(-1, 1) - k_pos.view(1, -1)  # [q, K]
+        visible = (distance >= 0) & (distance < (window or 10**9))
+        scores = query[r] @ k.transpose(-1, -2) * scaling  # [H, q, K]
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+        outs.append((weights @ v).transpose(0, 1))  # [q, H, D]
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("window", [None, 6], ids=["full", "sliding"])
+@pytest.mark.parametrize("softcap", [None, 2.0], ids=["plain", "softcap"])
+def test_sliding_window_and_soft_capping_match_eager_semantics(kernel, window, softcap):
+    """Scores large enough that capping matters, queries far enough past the prefix that the window
+    hides all of it for some rows: the prefix part of those rows must then weigh nothing."""
+    gen = torch.Generator().manual_seed(1)
+    batch, kv_heads, groups, dim, total, q_len = 3, 2, 2, 8, 5, 2
+    past, starts = torch.tensor([9, 3, 0]), torch.tensor([0, 2, 0])
+    suffix_len = int(past.max()) + q_len
+    query = torch.randn(batch, kv_heads * groups, q_len, dim, generator=gen) * 3
+    prefix_keys, prefix_values = (torch.randn(1, kv_heads, total, dim, generator=gen) * 3 for _ in range(2))
+    keys, values = (torch.randn(batch, kv_heads, suffix_len, dim, generator=gen) * 3 for _ in range(2))
+    context = CascadeContext(_Prefix(prefix_keys, prefix_values), past, starts)
+    layer = torch.nn.Module()
+    layer.layer_idx = 0
+    out, _ = cascade_attention.cascade_attention_forward(
+        layer, query, keys, values, None, scaling=0.5, cascade=context, sliding_window=window, softcap=softcap
+    )
+    expected = _eager_reference(query, prefix_keys, prefix_values, keys, values, past, starts, 0.5, window, softcap)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from tiny_models import tiny_llama
 from polykv_agents import PooledAgent, SharedKVPool
 from polykv_agents.decoding import generate_token_ids
 from polykv_agents.generation import GenerationSettings, GenerationStats
+from polykv_agents.runtime import scheduler as schedulers
 from polykv_agents.runtime.scheduler import BatchScheduler
 
 DOC = "Keys are quantised to eight bits; values use a rotated three-bit codebook. " * 8
@@ -120,3 +122,34 @@ def test_a_failed_step_reaches_the_caller_instead_of_hanging(model, tiny_tok, po
     settings = GenerationSettings(max_new_tokens=5)
     assert list(_submit(scheduler, good, settings)[0]) == _sequential(model, tiny_tok, pool, good, settings)
     scheduler.close()
+
+
+def test_an_idle_scheduler_retires_and_the_next_request_starts_a_fresh_one(model, tiny_tok, monkeypatch):
+    """A long-lived process that reads many pools keeps only recently used schedulers (threads, decoded
+    prefixes) alive; a request after retirement is served as before."""
+    monkeypatch.setattr(BatchScheduler, "idle_seconds", 0.2)
+    pool = SharedKVPool.prefill(model, tiny_tok, "A document no other test reads, so no scheduler has it yet.")
+    agent = PooledAgent(pool, model, tiny_tok)
+    settings = GenerationSettings(max_new_tokens=6)
+    before = schedulers.live_scheduler_count()
+    first = list(agent.generate_ids("Go.", settings))
+    retired = schedulers.scheduler_for(model, tiny_tok, pool, "decompressed")
+    assert schedulers.live_scheduler_count() == before + 1
+    retired._thread.join(timeout=10)  # its worker ends once idle for 0.2 s
+    assert not retired._thread.is_alive()
+    assert schedulers.live_scheduler_count() == before
+    with pytest.raises(RuntimeError, match="closed"):
+        retired.submit(agent.prompt_ids("Go."), settings, GenerationStats(prompt_tokens=1, cached_tokens=0), 6)
+    assert list(agent.generate_ids("Go.", settings)) == first
+    assert schedulers.scheduler_for(model, tiny_tok, pool, "decompressed") is not retired
+
+
+def test_a_scheduler_with_work_never_retires(model, tiny_tok, pool, monkeypatch):
+    """Retirement is decided under the registry lock that submit() holds: an arriving request keeps it."""
+    monkeypatch.setattr(BatchScheduler, "idle_seconds", 0.0)
+    agents = [PooledAgent(pool, model, tiny_tok, system_prompt=f"Role {i}.") for i in range(4)]
+    settings = GenerationSettings(max_new_tokens=8)
+    expected = [_sequential(model, tiny_tok, pool, a.prompt_ids("Go."), settings) for a in agents]
+    for _ in range(5):  # schedulers retire between rounds all the time; no request is ever lost
+        with ThreadPoolExecutor(4) as executor:
+            assert list(executor.map(lambda a: list(a.generate_ids("Go.", settings)), agents)) == expected

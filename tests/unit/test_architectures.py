@@ -1,0 +1,143 @@
+"""Every supported architecture family, on tiny random models: exact pooled generation, compression end to
+end, and clear errors for what a pool cannot hold.
+
+The families each carry the trait they are here for: GQA (Llama), q/k/v bias (Qwen2), sliding window on
+every layer (Mistral), head_dim 96 and a fused qkv projection (Phi-3), head_dim 256 with soft-capping and
+alternating sliding/global layers (Gemma 2, eager attention), multi-head Conv1D attention (GPT-2).
+"""
+
+from __future__ import annotations
+
+import functools
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+import transformers
+from tiny_models import FAMILIES, SLIDING_WINDOW, tiny_causal_lm
+
+from polykv_agents import CompressionConfig, GenerationSettings, PooledAgent, SharedKVPool
+from polykv_agents.store import PoolStore
+
+DOC = "Keys are quantised to eight bits; values use a rotated three-bit codebook."
+QUESTIONS = ("What do values use?", "Summarise it.", "Which part is rotated, and why would that matter?")
+NEW_TOKENS = 40
+
+
+@functools.cache
+def model_of(family: str):
+    return tiny_causal_lm(family)
+
+
+def plain_greedy(model, ids: torch.Tensor, new_tokens: int) -> list[int]:
+    """transformers' own greedy generate over document + prompt, no pool involved."""
+    out = model.generate(
+        ids.unsqueeze(0),
+        attention_mask=torch.ones(1, ids.numel(), dtype=torch.long),
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+        eos_token_id=None,
+    )
+    return out[0, ids.numel() :].tolist()
+
+
+def pooled_greedy(agent: PooledAgent, question: str) -> list[int]:
+    return list(agent.generate_ids(question, GenerationSettings(max_new_tokens=NEW_TOKENS, ignore_eos=True)))
+
+
+@pytest.mark.parametrize("runtime", ["private", "decompressed", "compressed"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_uncompressed_pool_reproduces_plain_generation(family, runtime, tiny_tok):
+    model = model_of(family)
+    pool = SharedKVPool.prefill(model, tiny_tok, DOC, config=CompressionConfig.full_precision())
+    agent = PooledAgent(pool, model, tiny_tok, system_prompt="You are the critic.", runtime=runtime)
+    ids = torch.cat([pool.token_ids, agent.prompt_ids(QUESTIONS[0])])
+    # The answer runs past the sliding window, so window masking over the shared prefix is exercised.
+    assert pool.num_tokens < SLIDING_WINDOW < ids.numel() + NEW_TOKENS
+    assert pooled_greedy(agent, QUESTIONS[0]) == plain_greedy(model, ids, NEW_TOKENS)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_concurrent_agents_each_reproduce_plain_generation(family, tiny_tok):
+    """Batched rows of different prompt lengths (left padding), each past the window at its own step."""
+    model = model_of(family)
+    pool = SharedKVPool.prefill(model, tiny_tok, DOC, config=CompressionConfig.full_precision())
+    agent = PooledAgent(pool, model, tiny_tok)
+    with ThreadPoolExecutor(len(QUESTIONS)) as executor:
+        answers = list(executor.map(lambda q: pooled_greedy(agent, q), QUESTIONS))
+    for question, answer in zip(QUESTIONS, answers, strict=True):
+        ids = torch.cat([pool.token_ids, agent.prompt_ids(question)])
+        assert answer == plain_greedy(model, ids, NEW_TOKENS), question
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_default_compression_runs_end_to_end(family, tiny_tok, tmp_path):
+    model = model_of(family)
+    pool = SharedKVPool.prefill(model, tiny_tok, DOC)
+    assert pool.compression_ratio > 2.0  # measured from the stored tensors
+    store = PoolStore(tmp_path)
+    store.save(pool)
+    loaded = store.load(pool.digest)
+    assert loaded.tensor_checksum() == pool.tensor_checksum()
+    for runtime in ("private", "decompressed"):
+        answer = pooled_greedy(PooledAgent(loaded, model, tiny_tok, runtime=runtime), QUESTIONS[1])
+        assert len(answer) == NEW_TOKENS
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_document_longer_than_the_sliding_window_is_refused_before_prefill(family, tiny_tok, monkeypatch):
+    model = model_of(family)
+    long_document = DOC * 4
+    assert len(tiny_tok(long_document).input_ids) > SLIDING_WINDOW
+
+    def no_prefill(*args, **kwargs):
+        raise AssertionError("the document should be refused before any forward pass")
+
+    monkeypatch.setattr("polykv_agents.pool.prefill_cache", no_prefill)
+    with pytest.raises(ValueError, match=rf"sliding-window layers keep only the last {SLIDING_WINDOW - 1}.*split"):
+        SharedKVPool.prefill(model, tiny_tok, long_document)
+
+
+def test_a_document_exactly_filling_the_window_is_accepted(tiny_tok):
+    model = model_of("mistral")
+    ids = tiny_tok(DOC * 4).input_ids[: SLIDING_WINDOW - 1]
+    pool = SharedKVPool.prefill(model, tiny_tok, tiny_tok.decode(ids), config=CompressionConfig.full_precision())
+    assert pool.num_tokens <= SLIDING_WINDOW - 1
+
+
+def _mamba():
+    config = transformers.MambaConfig(vocab_size=320, hidden_size=32, num_hidden_layers=2, state_size=4)
+    return transformers.AutoModelForCausalLM.from_config(config)
+
+
+def _jamba():
+    config = transformers.JambaConfig(
+        vocab_size=320,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        attn_layer_period=2,
+        attn_layer_offset=1,
+        expert_layer_period=2,
+        num_experts=2,
+        mamba_d_state=4,
+    )
+    return transformers.AutoModelForCausalLM.from_config(config)
+
+
+def _t5():
+    config = transformers.T5Config(vocab_size=320, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2)
+    return transformers.AutoModelForSeq2SeqLM.from_config(config)
+
+
+@pytest.mark.parametrize(
+    ("build", "fragment"),
+    [(_mamba, "recurrent, hybrid"), (_jamba, "recurrent, hybrid"), (_t5, "encoder-decoder")],
+    ids=["mamba-recurrent", "jamba-hybrid", "t5-encoder-decoder"],
+)
+def test_models_whose_cache_a_pool_cannot_hold_are_refused(build, fragment, tiny_tok):
+    with pytest.raises(TypeError, match=fragment):
+        SharedKVPool.prefill(build(), tiny_tok, DOC)
