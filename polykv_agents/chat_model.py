@@ -12,6 +12,7 @@ process-wide pool registry, so every role in a workflow shares one model and one
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -137,19 +138,21 @@ class ChatPolyKV(BaseChatModel):
         settings = self._settings(stop, kwargs)
         model_name = kwargs.get("model", self.model)
         model, tokenizer = load_model(model_name, device=self.device)
-        pool = None
-        if self.pool is not None:
-            pool = POOL_REGISTRY.resolve(self.pool, model, tokenizer, document=self.pool_document)
-        prompt_ids = encode_prompt(tokenizer, to_chat_messages(messages), pool=pool)
-        stats = GenerationStats(prompt_tokens=prompt_ids.numel(), cached_tokens=pool.num_tokens if pool else 0)
-        for piece in generate_text(
-            model, tokenizer, prompt_ids, settings, pool=pool, stats=stats, runtime=self.runtime
-        ):
-            chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
-            if run_manager is not None:
-                run_manager.on_llm_new_token(piece, chunk=chunk)
-            yield chunk
-        yield self._final_chunk(stats, model_name, pool)
+        with contextlib.ExitStack() as lease:
+            pool = None
+            if self.pool is not None:
+                # Leased for the whole call: the registry's byte budget never evicts a pool in use.
+                pool = lease.enter_context(POOL_REGISTRY.use(self.pool, model, tokenizer, document=self.pool_document))
+            prompt_ids = encode_prompt(tokenizer, to_chat_messages(messages), pool=pool)
+            stats = GenerationStats(prompt_tokens=prompt_ids.numel(), cached_tokens=pool.num_tokens if pool else 0)
+            for piece in generate_text(
+                model, tokenizer, prompt_ids, settings, pool=pool, stats=stats, runtime=self.runtime
+            ):
+                chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
+                if run_manager is not None:
+                    run_manager.on_llm_new_token(piece, chunk=chunk)
+                yield chunk
+            yield self._final_chunk(stats, model_name, pool)
 
     @staticmethod
     def _final_chunk(stats: GenerationStats, model_name: str, pool: SharedKVPool | None) -> ChatGenerationChunk:

@@ -11,20 +11,30 @@ lives here. Data flow of :meth:`PoolRegistry.get_or_build`:
 (a checkpointed thread resumed elsewhere): registry, then the handle's store, then a rebuild from the
 document, which is deterministic, so it reproduces the digest the handle names.
 
+Memory budget: the registry holds at most ``max_bytes`` of pools (``SharedKVPool.nbytes``, measured
+from the stored tensors) and evicts the least recently used ones beyond it. A pool that is in use is
+never evicted: chat-model calls hold a lease on their pool (:meth:`PoolRegistry.use`) for as long as
+they generate, and the most recently registered pool stays even when it alone exceeds the budget.
+When every pool is in use the registry stays over budget (and logs it) until a lease ends. An evicted
+pool is only forgotten: a later :meth:`resolve` loads it from its store or rebuilds it.
+
 Thread safety: one lock guards the dictionaries and is never held while loading or prefilling, so
 builds of different documents run concurrently. Concurrent requests for the same digest share one
 build: the first caller builds, the others wait on its future.
 
-:data:`POOL_REGISTRY` is the process-wide instance that graphs use.
+:data:`POOL_REGISTRY` is the process-wide instance that graphs use; its budget is
+:data:`DEFAULT_MAX_BYTES` unless the environment variable ``POLYKV_POOL_BUDGET_BYTES`` sets another.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import warnings
-import weakref
-from collections.abc import Callable, Mapping
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, wait
 from typing import Any
 
@@ -33,13 +43,18 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from polykv_agents.architecture import check_causal_lm
 from polykv_agents.config import CompressionConfig
 from polykv_agents.documents import Document, tokenize_document
-from polykv_agents.fingerprint import ModelFingerprint, model_fingerprint
+from polykv_agents.fingerprint import model_fingerprint
 from polykv_agents.handle import PoolHandle
 from polykv_agents.pool import SharedKVPool, pool_digest
 from polykv_agents.prefill import DEFAULT_CHUNK_SIZE
 from polykv_agents.store import PoolStore
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BYTES = 2 * 1024**3
+"""Budget of the process-wide registry: 2 GiB of pools (about 65 SmolLM2-135M pools of 4K tokens)."""
+
+BUDGET_ENV_VAR = "POLYKV_POOL_BUDGET_BYTES"
 
 
 class PoolNotFoundError(LookupError):
@@ -50,32 +65,39 @@ class PoolRegistry:
     """Pools by digest, built (or loaded) at most once each, shared by every thread of the process.
 
     Use the process-wide :data:`POOL_REGISTRY`; separate instances are for tests and for simulating a
-    fresh process. A registry keeps its pools until :meth:`discard` or :meth:`clear`.
+    fresh process. A registry keeps its pools until :meth:`discard`, :meth:`clear`, or eviction by the
+    byte budget (see the module docstring).
 
-    It assumes a model's weights are not changed in place while pools built from it are in use: model
-    fingerprints are cached per (model, tokenizer), because computing one sorts the whole vocabulary.
+    Args:
+        max_bytes: Budget for the pools held (sum of ``SharedKVPool.nbytes``); ``None``: unbounded.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int | None = None) -> None:
         self._lock = threading.RLock()
-        self._pools: dict[str, SharedKVPool] = {}
+        self._pools: OrderedDict[str, SharedKVPool] = OrderedDict()  # least recently used first
+        self._leases: Counter[str] = Counter()
         self._in_flight: dict[str, Future[SharedKVPool]] = {}
         self._build_count = 0
         self._builds_by_digest: dict[str, int] = {}
-        # model -> tokenizer -> (cheap staleness key, fingerprint); weak keys so the cache keeps nothing alive.
-        self._fingerprints: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, tuple]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._evictions = 0
+        self._max_bytes: int | None = None
+        self.max_bytes = max_bytes
 
     def __repr__(self) -> str:
-        return f"PoolRegistry(pools={len(self)}, builds={self.build_count})"
+        return (
+            f"PoolRegistry(pools={len(self)}, nbytes={self.nbytes}, max_bytes={self.max_bytes}, "
+            f"builds={self.build_count})"
+        )
 
     # ---------------------------------------------------------------- the dictionary
 
     def get(self, digest: str) -> SharedKVPool | None:
-        """The registered pool ``digest``, or ``None``."""
+        """The registered pool ``digest`` (now the most recently used), or ``None``."""
         with self._lock:
-            return self._pools.get(digest)
+            pool = self._pools.get(digest)
+            if pool is not None:
+                self._pools.move_to_end(digest)
+            return pool
 
     def put(self, pool: SharedKVPool) -> None:
         """Register ``pool`` under its digest (replacing a pool with the same digest, which holds the same data)."""
@@ -83,17 +105,26 @@ class PoolRegistry:
             msg = f"pool must be a SharedKVPool, got {type(pool).__name__}; build one with SharedKVPool.prefill(...)"
             raise TypeError(msg)
         with self._lock:
-            self._pools[pool.digest] = pool
+            self._register(pool)
 
     def discard(self, digest: str) -> None:
-        """Forget pool ``digest`` (freeing its memory once no agent holds it); nothing happens if it is unknown."""
+        """Forget pool ``digest`` (freeing its memory once no agent holds it); nothing happens if it is unknown.
+
+        Raises:
+            RuntimeError: The pool is in use (a lease is open on it).
+        """
         with self._lock:
+            if self._leases[digest]:
+                msg = f"pool {digest[:12]}... is in use by {self._leases[digest]} call(s); discard it after they end"
+                raise RuntimeError(msg)
             self._pools.pop(digest, None)
 
     def clear(self) -> None:
-        """Forget every pool and reset the build counts. Builds still in flight register their pool when done."""
+        """Forget every pool that is not in use and reset the build counts. Builds still in flight
+        register their pool when done."""
         with self._lock:
-            self._pools.clear()
+            for digest in [d for d in self._pools if not self._leases[d]]:
+                del self._pools[digest]
             self._build_count = 0
             self._builds_by_digest.clear()
 
@@ -106,6 +137,32 @@ class PoolRegistry:
             return len(self._pools)
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of the pools held (``SharedKVPool.nbytes`` summed)."""
+        with self._lock:
+            return sum(pool.nbytes for pool in self._pools.values())
+
+    @property
+    def max_bytes(self) -> int | None:
+        """The byte budget; setting it evicts down to the new budget at once."""
+        return self._max_bytes
+
+    @max_bytes.setter
+    def max_bytes(self, value: int | None) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            msg = f"max_bytes must be a non-negative number of bytes or None (no budget), got {value!r}"
+            raise ValueError(msg)
+        with self._lock:
+            self._max_bytes = value
+            self._evict_over_budget()
+
+    @property
+    def evictions(self) -> int:
+        """Pools evicted by the byte budget so far."""
+        with self._lock:
+            return self._evictions
+
+    @property
     def build_count(self) -> int:
         """Prefills this registry has performed (loads from a store are not builds)."""
         with self._lock:
@@ -116,6 +173,69 @@ class PoolRegistry:
         """Prefills performed per pool digest (a copy)."""
         with self._lock:
             return dict(self._builds_by_digest)
+
+    def leases(self, digest: str) -> int:
+        """Calls currently using pool ``digest`` (see :meth:`use`)."""
+        with self._lock:
+            return self._leases[digest]
+
+    @contextlib.contextmanager
+    def leased(self, pool: SharedKVPool) -> Iterator[SharedKVPool]:
+        """Hold ``pool`` in the registry, safe from eviction, for the ``with`` block (re-registering it if it
+        was evicted meanwhile: the caller holds it anyway, so forgetting it would only invite a rebuild)."""
+        with self._lock:
+            self._leases[pool.digest] += 1
+            self._register(pool)
+        try:
+            yield pool
+        finally:
+            with self._lock:
+                self._leases[pool.digest] -= 1
+                if not self._leases[pool.digest]:
+                    del self._leases[pool.digest]
+                self._evict_over_budget()
+
+    @contextlib.contextmanager
+    def use(
+        self,
+        handle: PoolHandle | Mapping[str, Any],
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        document: Document | None = None,
+    ) -> Iterator[SharedKVPool]:
+        """:meth:`resolve` ``handle`` and hold the pool safe from eviction for the ``with`` block."""
+        with self.leased(self.resolve(handle, model, tokenizer, document=document)) as pool:
+            yield pool
+
+    def _register(self, pool: SharedKVPool) -> None:
+        """Add or refresh ``pool`` as the most recently used, then evict down to the budget. Hold the lock."""
+        self._pools[pool.digest] = pool
+        self._pools.move_to_end(pool.digest)
+        self._evict_over_budget()
+
+    def _evict_over_budget(self) -> None:
+        """Evict least recently used pools that are not in use until the budget holds; never the most
+        recently used one. Hold the lock."""
+        if self._max_bytes is None:
+            return
+        total = sum(pool.nbytes for pool in self._pools.values())
+        for digest in list(self._pools)[:-1]:  # least recently used first; the newest one stays
+            if total <= self._max_bytes:
+                return
+            if self._leases[digest]:
+                continue
+            total -= self._pools.pop(digest).nbytes
+            self._evictions += 1
+            logger.info(
+                "evicted pool %s... (least recently used) to stay within %d bytes", digest[:12], self._max_bytes
+            )
+        if total > self._max_bytes:
+            logger.warning(
+                "pool registry holds %d bytes, over its %d-byte budget: every other pool is in use",
+                total,
+                self._max_bytes,
+            )
 
     # ---------------------------------------------------------------- building
 
@@ -181,7 +301,7 @@ class PoolRegistry:
         check_causal_lm(model)
         # Before anything else: with another model, a rebuild would give another digest and a misleading
         # "wrong document" error.
-        problems = handle.fingerprint.mismatches(self._fingerprint(model, tokenizer))
+        problems = handle.fingerprint.mismatches(model_fingerprint(model, tokenizer))
         if problems:
             msg = (
                 f"This pool was built with model {handle.fingerprint.name!r} and cannot be read with "
@@ -211,19 +331,6 @@ class PoolRegistry:
 
     # ---------------------------------------------------------------- internals
 
-    def _fingerprint(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> ModelFingerprint:
-        # A moved or re-cast embedding, or added tokens, change this key; in-place weight edits do not
-        # (see the class docstring).
-        staleness_key = (model.dtype, model.get_input_embeddings().weight.data_ptr(), len(tokenizer))
-        with self._lock:
-            cached = self._fingerprints.get(model, {}).get(tokenizer)
-        if cached is not None and cached[0] == staleness_key:
-            return cached[1]
-        fingerprint = model_fingerprint(model, tokenizer)
-        with self._lock:
-            self._fingerprints.setdefault(model, weakref.WeakKeyDictionary())[tokenizer] = (staleness_key, fingerprint)
-        return fingerprint
-
     def _digest(
         self,
         model: PreTrainedModel,
@@ -232,7 +339,7 @@ class PoolRegistry:
         config: CompressionConfig,
     ) -> str:
         token_ids, messages = tokenize_document(model, tokenizer, document)  # [T]
-        return pool_digest(self._fingerprint(model, tokenizer), config, token_ids, chat_prefix=messages is not None)
+        return pool_digest(model_fingerprint(model, tokenizer), config, token_ids, chat_prefix=messages is not None)
 
     def _load_or_build(
         self, digest: str, store: PoolStore | None, build: Callable[[], SharedKVPool] | None
@@ -282,7 +389,7 @@ class PoolRegistry:
             future.set_exception(e)
             raise
         with self._lock:
-            self._pools[pool.digest] = pool
+            self._register(pool)
             del self._in_flight[digest]
         future.set_result(pool)
         return pool
@@ -302,11 +409,8 @@ class PoolRegistry:
         with self._lock:
             self._build_count += 1
             self._builds_by_digest[pool.digest] = self._builds_by_digest.get(pool.digest, 0) + 1
-        if pool.digest != digest:
-            # Only a stale cached fingerprint (weights changed in place) gets here; forget it.
-            with self._lock:
-                self._fingerprints.pop(model, None)
-            logger.warning("model %s changed since it was fingerprinted; pool registered under its new digest", model)
+        if pool.digest != digest:  # the model changed between computing the digest and the prefill
+            logger.warning("model %s changed during the build; pool registered under its new digest", model)
         if store is not None:
             try:
                 store.save(pool)
@@ -317,6 +421,17 @@ class PoolRegistry:
         return pool
 
 
-POOL_REGISTRY = PoolRegistry()
+def _budget_from_environment() -> int:
+    value = os.environ.get(BUDGET_ENV_VAR)
+    if value is None:
+        return DEFAULT_MAX_BYTES
+    try:
+        return int(value)
+    except ValueError:
+        msg = f"{BUDGET_ENV_VAR} must be a whole number of bytes, got {value!r}"
+        raise ValueError(msg) from None
+
+
+POOL_REGISTRY = PoolRegistry(max_bytes=_budget_from_environment())
 """The process-wide registry of pools (a documented, deliberate piece of module-level state): graph nodes
 build pools into it with ``get_or_build`` and read them back from handles with ``resolve``."""

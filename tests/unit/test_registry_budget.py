@@ -1,0 +1,130 @@
+"""PoolRegistry's byte budget: least recently used pools are evicted, pools in use never are."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from polykv_agents import SharedKVPool, load_model
+from polykv_agents import registry as registry_module
+from polykv_agents.chat_model import ChatPolyKV
+from polykv_agents.handle import PoolHandle
+from polykv_agents.registry import PoolRegistry
+from polykv_agents.store import PoolStore
+
+DOCS = [f"Document {i}: shared caches let many agents read one document, compressed once. " * 3 for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def pools(tiny_model, tiny_tok) -> list[SharedKVPool]:
+    built = [SharedKVPool.prefill(tiny_model, tiny_tok, doc) for doc in DOCS]
+    assert len({p.nbytes for p in built}) == 1  # equal sizes keep the budget arithmetic readable
+    return built
+
+
+def test_least_recently_used_pools_are_evicted_beyond_the_budget(pools):
+    a, b, c, d = pools
+    registry = PoolRegistry(max_bytes=3 * a.nbytes)
+    for pool in (a, b, c):
+        registry.put(pool)
+    assert registry.get(a.digest) is a  # a is now the most recently used, b the least
+    registry.put(d)
+    assert b.digest not in registry
+    assert [p.digest in registry for p in (a, c, d)] == [True, True, True]
+    assert registry.nbytes == 3 * a.nbytes
+    assert registry.evictions == 1
+
+
+def test_a_pool_in_use_is_never_evicted(pools, caplog):
+    a, b, c, _ = pools
+    registry = PoolRegistry(max_bytes=a.nbytes)
+    with registry.leased(a):
+        registry.put(b)  # a is in use, b is the newest: both stay, over budget, and the registry says so
+        with caplog.at_level(logging.WARNING, logger=registry_module.__name__):
+            registry.put(c)
+        assert a.digest in registry and c.digest in registry and b.digest not in registry
+        assert "over its" in caplog.text
+        assert registry.leases(a.digest) == 1
+        with pytest.raises(RuntimeError, match="in use"):
+            registry.discard(a.digest)
+    # The lease ended: the budget applies again, and the least recently used pool goes.
+    assert registry.leases(a.digest) == 0
+    assert a.digest not in registry and c.digest in registry
+
+
+def test_the_newest_pool_stays_even_when_it_alone_exceeds_the_budget(pools):
+    registry = PoolRegistry(max_bytes=pools[0].nbytes // 2)
+    registry.put(pools[0])
+    assert pools[0].digest in registry
+    registry.put(pools[1])
+    assert pools[0].digest not in registry and pools[1].digest in registry
+
+
+def test_lowering_the_budget_evicts_at_once_and_bad_budgets_are_refused(pools):
+    registry = PoolRegistry()
+    for pool in pools:
+        registry.put(pool)
+    registry.max_bytes = 2 * pools[0].nbytes
+    assert len(registry) == 2
+    for bad in (-1, 1.5, "1GB", True):
+        with pytest.raises(ValueError, match="max_bytes"):
+            registry.max_bytes = bad
+
+
+def test_an_evicted_pool_comes_back_from_its_store_without_a_prefill(tiny_model, tiny_tok, tmp_path):
+    registry = PoolRegistry(max_bytes=1)  # keeps only the newest pool
+    store = PoolStore(tmp_path)
+    first = registry.get_or_build(tiny_model, tiny_tok, DOCS[0], store=store)
+    registry.get_or_build(tiny_model, tiny_tok, DOCS[1], store=store)
+    assert first.digest not in registry
+    handle = PoolHandle.from_pool(first, store_dir=tmp_path)
+    again = registry.resolve(handle, tiny_model, tiny_tok)
+    assert again.tensor_checksum() == first.tensor_checksum()
+    assert registry.build_count == 2  # loaded, not rebuilt
+
+
+def test_a_chat_call_holds_a_lease_while_it_streams(tiny_model_dir, monkeypatch):
+    registry = PoolRegistry(max_bytes=1)
+    monkeypatch.setattr("polykv_agents.chat_model.POOL_REGISTRY", registry)
+    model, tokenizer = load_model(tiny_model_dir)
+    pool = SharedKVPool.prefill(model, tokenizer, DOCS[0])
+    other = SharedKVPool.prefill(model, tokenizer, DOCS[1])
+    chat = ChatPolyKV(model=tiny_model_dir, max_tokens=8).with_pool(PoolHandle.from_pool(pool), document=DOCS[0])
+    registry.put(pool)
+    stream = chat.stream("What is shared?")
+    next(stream)
+    assert registry.leases(pool.digest) == 1
+    registry.put(other)  # over budget, but the streaming call's pool stays
+    assert pool.digest in registry
+    list(stream)
+    assert registry.leases(pool.digest) == 0
+    assert pool.digest not in registry  # evicted as soon as the call ended
+    assert registry.build_count == 0
+
+
+def test_concurrent_calls_under_a_tight_budget_all_complete(tiny_model_dir, monkeypatch):
+    """Pools churn in and out of a one-pool budget while calls over four documents run at once."""
+    registry = PoolRegistry(max_bytes=1)
+    monkeypatch.setattr("polykv_agents.chat_model.POOL_REGISTRY", registry)
+    model, tokenizer = load_model(tiny_model_dir)
+    chats = []
+    for doc in DOCS:
+        handle = PoolHandle.from_pool(registry.get_or_build(model, tokenizer, doc))
+        chats.append(ChatPolyKV(model=tiny_model_dir, max_tokens=6).with_pool(handle, document=doc))
+    expected = [chat.invoke("Go.").content for chat in chats]
+    with ThreadPoolExecutor(8) as executor:
+        answers = list(executor.map(lambda i: chats[i % 4].invoke("Go.").content, range(32)))
+    assert answers == [expected[i % 4] for i in range(32)]
+    assert all(registry.leases(chat.pool.digest) == 0 for chat in chats)
+
+
+def test_the_process_budget_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv(registry_module.BUDGET_ENV_VAR, "12345")
+    assert registry_module._budget_from_environment() == 12345
+    monkeypatch.delenv(registry_module.BUDGET_ENV_VAR)
+    assert registry_module._budget_from_environment() == registry_module.DEFAULT_MAX_BYTES
+    monkeypatch.setenv(registry_module.BUDGET_ENV_VAR, "two gigabytes")
+    with pytest.raises(ValueError, match="whole number of bytes"):
+        registry_module._budget_from_environment()
