@@ -56,6 +56,18 @@ def document_token_limit(model: PreTrainedModel) -> int | None:
     return min(windows) - 1 if windows else None
 
 
+def check_fits_sliding_window(model: PreTrainedModel, num_tokens: int) -> None:
+    """Raise ``ValueError`` if ``num_tokens`` of document would not fit whole in the model's sliding-window layers."""
+    window = document_token_limit(model)
+    if window is not None and num_tokens > window:
+        msg = (
+            f"the document is {num_tokens} tokens, but this model's sliding-window layers keep only the "
+            f"last {window}, so the pool would lose the document's beginning; split the document into parts of "
+            f"at most {window} tokens (one pool each), or use a model without sliding-window attention"
+        )
+        raise ValueError(msg)
+
+
 def _cache_layers(model: PreTrainedModel) -> list:
     # The layers transformers itself would cache for this model, built from its config (no tensors yet).
     return list(getattr(DynamicCache(config=model.config), "layers", []))

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from polykv_agents.models import DEFAULT_MODEL, ModelNotFoundError
 
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error stays one line in logs and pipes, whatever its length
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,6 +44,9 @@ def clean_errors(command: F) -> F:
         except ModuleNotFoundError as e:
             hint = BENCH_EXTRA_HINT if e.name in BENCH_EXTRA_MODULES else ""
             err.print(f"[bold red]error:[/] {escape(f'{e}{hint}')}")
+        except OSError as e:  # a file that exists but cannot be read or written
+            where = e.filename or "a file"
+            err.print(f"[bold red]error:[/] {escape(f'cannot access {where}: {e.strerror or e}')}")
         raise typer.Exit(code=1)
 
     return wrapper  # type: ignore[return-value]

@@ -151,3 +151,20 @@ _PRESET_FACTORIES = {
 PRESETS: tuple[str, ...] = tuple(_PRESET_FACTORIES)
 """Named configs: ``default`` (int8/channel keys, tq3 values), ``paper`` (int8/tensor keys, tq3
 values), ``max`` (tq4 keys, tq3 values), ``full`` (no compression)."""
+
+
+def compression_config(config: object) -> CompressionConfig:
+    """``config`` checked for the APIs that take one: ``None`` means the default; anything else must
+    already be a :class:`CompressionConfig` (a preset name or a dict says how to make one)."""
+    if config is None:
+        return CompressionConfig()
+    if isinstance(config, CompressionConfig):
+        return config
+    if isinstance(config, str):
+        hint = f"CompressionConfig.preset({config!r})"
+    elif isinstance(config, dict):
+        hint = "CompressionConfig(**config) or CompressionConfig.model_validate(config)"
+    else:
+        hint = "CompressionConfig(...) or CompressionConfig.preset(name)"
+    msg = f"config must be a CompressionConfig (or None for the default), got {type(config).__name__}; pass {hint}"
+    raise TypeError(msg)

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from polykv_agents.architecture import document_token_limit
+from polykv_agents.architecture import check_fits_sliding_window
 from polykv_agents.prompts import Message, has_chat_template, render_messages
 
 Document = str | bytes | Sequence[Message]
@@ -24,7 +24,7 @@ def document_text(document: str | bytes) -> str:
         try:
             document = document.decode("utf-8")
         except UnicodeDecodeError as e:
-            msg = f"the document is not valid UTF-8 ({e}); decode it with the right encoding and pass a str"
+            msg = f"the document is not valid UTF-8 ({e}); convert it to UTF-8 (or, from Python, pass it as str)"
             raise ValueError(msg) from e
     if not document.strip():
         msg = "the document is empty or only whitespace; pass the text the agents should read"
@@ -83,12 +83,5 @@ def tokenize_document(
             "and the agents' turns must fit after it; shorten or split the document"
         )
         raise ValueError(msg)
-    window = document_token_limit(model)
-    if window is not None and token_ids.numel() > window:
-        msg = (
-            f"the document is {token_ids.numel()} tokens, but this model's sliding-window layers keep only the "
-            f"last {window}, so the pool would lose the document's beginning; split the document into parts of "
-            f"at most {window} tokens (one pool each), or use a model without sliding-window attention"
-        )
-        raise ValueError(msg)
+    check_fits_sliding_window(model, token_ids.numel())
     return token_ids, messages

@@ -94,3 +94,17 @@ def _compute_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerB
         weights_sha=_short_sha(sample.numpy().tobytes()),
         tokenizer_sha=_short_sha(repr(vocab).encode()),
     )
+
+
+def check_same_model(expected: ModelFingerprint, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Raise ``ValueError`` unless ``model`` and ``tokenizer`` have the fingerprint ``expected`` (a pool's)."""
+    problems = expected.mismatches(model_fingerprint(model, tokenizer))
+    if not problems:
+        return
+    name = getattr(model.config, "name_or_path", "") or type(model).__name__
+    msg = (
+        f"This pool was built with model {expected.name!r} and its tokenizer, and cannot be read with {name!r} and "
+        f"this tokenizer ({'; '.join(problems)}). Build a new pool with this model and tokenizer, or load the ones "
+        "the pool was built with."
+    )
+    raise ValueError(msg)

@@ -27,9 +27,9 @@ from transformers.cache_utils import Cache
 from polykv_agents.architecture import check_causal_lm
 from polykv_agents.codecs import EncodedTensor, build_codec, decode
 from polykv_agents.compat import cache_from_key_values, layer_key_values
-from polykv_agents.config import CompressionConfig
+from polykv_agents.config import CompressionConfig, compression_config
 from polykv_agents.documents import Document, tokenize_document
-from polykv_agents.fingerprint import ModelFingerprint, model_fingerprint
+from polykv_agents.fingerprint import ModelFingerprint, check_same_model, model_fingerprint
 from polykv_agents.memory import MemoryReport
 from polykv_agents.prefill import DEFAULT_CHUNK_SIZE, prefill_cache
 from polykv_agents.prompts import Message
@@ -132,6 +132,7 @@ class SharedKVPool:
             ValueError: Empty document, or longer than the model's positions.
         """
         check_causal_lm(model)
+        config = compression_config(config)
         token_ids, prefix_messages = tokenize_document(model, tokenizer, document)  # [T]
         cache, _ = prefill_cache(model, token_ids, chunk_size=chunk_size, progress=progress)
         return cls.from_cache(model, tokenizer, cache, token_ids, config=config, prefix_messages=prefix_messages)
@@ -149,7 +150,7 @@ class SharedKVPool:
     ) -> SharedKVPool:
         """Compress a full-precision ``cache`` of ``token_ids [T]`` into a pool. The cache is only
         read, so a caller can keep using it (the perplexity evaluation does)."""
-        config = config or CompressionConfig()
+        config = compression_config(config)
         key_codec = build_codec(config.keys, seed=config.seed)
         value_codec = build_codec(config.values, seed=config.seed + 1)  # independent rotation signs
         num_tokens = token_ids.numel()
@@ -227,14 +228,7 @@ class SharedKVPool:
 
     def check_compatible(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
         """Raise ``ValueError`` unless ``model``/``tokenizer`` are the ones this pool was built with."""
-        problems = self.fingerprint.mismatches(model_fingerprint(model, tokenizer))
-        if problems:
-            msg = (
-                f"This pool was built with model {self.fingerprint.name!r} and cannot be read with "
-                f"{getattr(model.config, 'name_or_path', type(model).__name__)!r} ({'; '.join(problems)}). "
-                "Build a new pool with this model, or load the model the pool was built with."
-            )
-            raise ValueError(msg)
+        check_same_model(self.fingerprint, model, tokenizer)
 
     def decompress_layer(
         self, layer_idx: int, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None

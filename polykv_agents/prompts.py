@@ -7,6 +7,9 @@ natural turns after that prefix, followed by the template's generation prompt.
 
 The continuation is found by rendering prefix + new turns and cutting off the rendered prefix, so
 any template that renders a conversation as a growing string works unchanged.
+
+A conversation that ends with a non-empty assistant message is continued rather than answered anew
+(assistant prefill): the prompt ends inside that message, and the model writes the rest of it.
 """
 
 from __future__ import annotations
@@ -25,9 +28,25 @@ def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
+def _ends_with_partial_answer(messages: Sequence[Message]) -> bool:
+    return bool(messages) and messages[-1]["role"] == "assistant" and bool(messages[-1]["content"])
+
+
+def _without_empty_final_answer(messages: Sequence[Message]) -> Sequence[Message]:
+    if messages and messages[-1]["role"] == "assistant" and not messages[-1]["content"]:
+        return messages[:-1]
+    return messages
+
+
 def _render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message], *, generation_prompt: bool) -> str:
+    if generation_prompt:
+        messages = _without_empty_final_answer(messages)
+    prefill = generation_prompt and _ends_with_partial_answer(messages)
     return tokenizer.apply_chat_template(
-        [dict(m) for m in messages], tokenize=False, add_generation_prompt=generation_prompt
+        [dict(m) for m in messages],
+        tokenize=False,
+        add_generation_prompt=generation_prompt and not prefill,
+        continue_final_message=prefill,
     )
 
 
@@ -62,12 +81,13 @@ def render_messages(
 
 
 def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> str:
-    """A whole conversation ending in the generation prompt (no pool in front of it). Tokenizers
-    without a chat template get a plain ``User: ... / Assistant:`` format."""
+    """A whole conversation ending in the generation prompt, or inside its final assistant message
+    (no pool in front of it). Tokenizers without a chat template get a plain ``User: ... / Assistant:`` format."""
     if has_chat_template(tokenizer):
         return render_messages(tokenizer, messages, generation_prompt=True)
+    messages = _without_empty_final_answer(messages)
     turns = [m["content"] if m["role"] == "system" else f"{m['role'].capitalize()}: {m['content']}" for m in messages]
-    return "\n".join(turns) + "\nAssistant:"
+    return "\n".join(turns) + ("" if _ends_with_partial_answer(messages) else "\nAssistant:")
 
 
 def render_continuation(

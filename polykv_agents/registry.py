@@ -41,9 +41,9 @@ from typing import Any
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.architecture import check_causal_lm
-from polykv_agents.config import CompressionConfig
+from polykv_agents.config import CompressionConfig, compression_config
 from polykv_agents.documents import Document, tokenize_document
-from polykv_agents.fingerprint import model_fingerprint
+from polykv_agents.fingerprint import check_same_model, model_fingerprint
 from polykv_agents.handle import PoolHandle
 from polykv_agents.pool import SharedKVPool, pool_digest
 from polykv_agents.prefill import DEFAULT_CHUNK_SIZE
@@ -266,7 +266,7 @@ class PoolRegistry:
                 (the message says to delete it or rebuild).
         """
         check_causal_lm(model)
-        config = CompressionConfig() if config is None else config
+        config = compression_config(config)
         digest = self._digest(model, tokenizer, document, config)
 
         def build() -> SharedKVPool:
@@ -301,14 +301,7 @@ class PoolRegistry:
         check_causal_lm(model)
         # Before anything else: with another model, a rebuild would give another digest and a misleading
         # "wrong document" error.
-        problems = handle.fingerprint.mismatches(model_fingerprint(model, tokenizer))
-        if problems:
-            msg = (
-                f"This pool was built with model {handle.fingerprint.name!r} and cannot be read with "
-                f"{getattr(model.config, 'name_or_path', type(model).__name__)!r} ({'; '.join(problems)}). "
-                "Build a new pool with this model, or load the model the pool was built with."
-            )
-            raise ValueError(msg)
+        check_same_model(handle.fingerprint, model, tokenizer)
         pool = self.get(handle.digest)
         if pool is not None:
             return pool

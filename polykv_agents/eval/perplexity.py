@@ -21,9 +21,10 @@ import torch.nn.functional as F
 from pydantic import BaseModel
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from polykv_agents.architecture import check_causal_lm
+from polykv_agents.architecture import check_causal_lm, check_fits_sliding_window
 from polykv_agents.compat import cache_from_key_values, forward_with_cache, layer_key_values
 from polykv_agents.config import CompressionConfig
+from polykv_agents.documents import max_positions
 from polykv_agents.pool import SharedKVPool
 from polykv_agents.prefill import DEFAULT_CHUNK_SIZE, prefill_cache
 
@@ -67,8 +68,8 @@ def perplexity_deltas(
     """Perplexity with the full-precision prefix cache and with each config's pool, from one prefill.
 
     Raises:
-        ValueError: The text is shorter than ``context_tokens + continuation_tokens``, or the
-            lengths are out of range.
+        ValueError: The text is shorter than ``context_tokens + continuation_tokens``, the lengths are
+            out of range, or longer than the model's positions or sliding window.
     """
     check_causal_lm(model)
     if context_tokens < 1 or continuation_tokens < 2:
@@ -82,6 +83,14 @@ def perplexity_deltas(
             "use a longer document or smaller lengths"
         )
         raise ValueError(msg)
+    limit = max_positions(model)
+    if limit is not None and needed > limit:
+        msg = (
+            f"context_tokens + continuation_tokens = {needed}, but the model covers at most {limit} positions; "
+            "use smaller lengths"
+        )
+        raise ValueError(msg)
+    check_fits_sliding_window(model, context_tokens)
     prefix, continuation = ids[:context_tokens], ids[context_tokens:needed]
 
     cache, _ = prefill_cache(model, prefix, chunk_size=chunk_size)
