@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate every measured result in benchmarks/results/ and docs/RESULTS.md, one after another
-# (never in parallel: they time the same CPU). About 90 minutes on 2 cores.
+# (never in parallel: they time the same CPU). About 2 hours on 2 cores.
 #
 #   bash benchmarks/run_all.sh [PEER_PYTHON]
 #
@@ -27,4 +27,5 @@ polykv-agents bench agents --document "$doc" --agents 15 --context-tokens 2048 -
     --repetitions 3 --runtime compressed --json > "$out/agents_compressed_2048.json"
 python benchmarks/graph_e2e.py --contexts 2048 4096 --roles 15 --max-tokens 32 --repetitions 2 \
     --out "$out/graph_e2e.json"
+python benchmarks/load_soak.py --out "$out/load_soak.json"   # figures quoted in docs/RELIABILITY.md
 python benchmarks/render_results.py

@@ -52,8 +52,11 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def tiny_llama(*, head_dim: int = 16, num_layers: int = 2, seed: int = 0, vocab_size: int = 320) -> LlamaForCausalLM:
-    """A 2-layer GQA Llama with random weights."""
+def tiny_llama(
+    *, head_dim: int = 16, num_layers: int = 2, seed: int = 0, vocab_size: int = 320, initializer_range: float = 0.02
+) -> LlamaForCausalLM:
+    """A 2-layer GQA Llama with random weights. A larger ``initializer_range`` (e.g. 0.3) makes its answers
+    depend strongly on the prompt, which tests of cross-talk between agents need."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size,
@@ -67,6 +70,7 @@ def tiny_llama(*, head_dim: int = 16, num_layers: int = 2, seed: int = 0, vocab_
         bos_token_id=0,
         eos_token_id=2,
         pad_token_id=0,
+        initializer_range=initializer_range,
     )
     model = LlamaForCausalLM(config).eval()
     model.generation_config.eos_token_id = 2
@@ -76,40 +80,17 @@ def tiny_llama(*, head_dim: int = 16, num_layers: int = 2, seed: int = 0, vocab_
 SLIDING_WINDOW = 64
 """Window of the tiny sliding-window families: documents in tests are shorter, answers run past it."""
 
-_IDS = {"vocab_size": 320, "bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 0}
+_IDS = {"vocab_size": 320, "bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 0, "max_position_embeddings": 1024}
+_GQA = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
 
 
 def _family_configs() -> dict[str, PretrainedConfig]:
     """One tiny config per architecture family, each with the trait that family is tested for."""
     return {
-        "llama": LlamaConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=1024,
-            **_IDS,
-        ),  # GQA
-        "qwen2": Qwen2Config(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=1024,
-            **_IDS,
-        ),  # bias on q/k/v projections
+        "llama": LlamaConfig(**_GQA, num_key_value_heads=2, **_IDS),  # GQA
+        "qwen2": Qwen2Config(**_GQA, num_key_value_heads=2, **_IDS),  # bias on q/k/v projections
         "mistral": MistralConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            max_position_embeddings=1024,
-            sliding_window=SLIDING_WINDOW,
-            **_IDS,
+            **_GQA, num_key_value_heads=2, head_dim=16, sliding_window=SLIDING_WINDOW, **_IDS
         ),  # sliding window on every layer
         "phi3": Phi3Config(
             hidden_size=192,
@@ -117,7 +98,6 @@ def _family_configs() -> dict[str, PretrainedConfig]:
             num_hidden_layers=2,
             num_attention_heads=2,
             num_key_value_heads=2,
-            max_position_embeddings=1024,
             original_max_position_embeddings=1024,
             **_IDS,
         ),  # head_dim 96, fused qkv projection
@@ -128,7 +108,6 @@ def _family_configs() -> dict[str, PretrainedConfig]:
             num_attention_heads=2,
             num_key_value_heads=1,
             head_dim=256,
-            max_position_embeddings=1024,
             sliding_window=SLIDING_WINDOW,
             query_pre_attn_scalar=256,
             attn_logit_softcapping=50.0,

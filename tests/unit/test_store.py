@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import struct
 
 import pytest
@@ -269,6 +270,21 @@ def test_another_format_version_is_refused_with_both_versions_named(saved, pool,
 
 
 # ---------------------------------------------------------------- fuzzing
+
+
+def test_saving_and_loading_never_pickle(pool, tmp_path, monkeypatch):
+    """Only safetensors and JSON: a pool file cannot run code when it is loaded."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a pool file must never be pickled or unpickled")
+
+    for name in ("load", "loads", "dump", "dumps", "Unpickler", "Pickler"):
+        monkeypatch.setattr(pickle, name, refuse)
+    monkeypatch.setattr(torch, "load", refuse)
+    monkeypatch.setattr(torch, "save", refuse)
+    store = PoolStore(tmp_path)
+    store.save(pool)
+    assert store.load(pool.digest).tensor_checksum() == pool.tensor_checksum()
 
 
 @pytest.fixture(scope="module")
