@@ -7,10 +7,11 @@ fit recurrent or hybrid state (Mamba, linear attention), encoder-decoder models,
 keep a selection of tokens. Those are refused here, before any prefill, with a message that says so.
 
 Sliding-window layers (Mistral, Gemma 2's alternating local layers) keep only the last
-``window - 1`` tokens. A document longer than that would lose its beginning in those layers, and the
-agents' first tokens need every one of the last ``window - 1`` document tokens, so such a document
-is refused before the prefill: split it, or use the model's full-attention variant. An agent's own
-turns may run past the window; attention then drops the oldest tokens as the model itself does.
+``window - 1`` tokens, while a pool stores the same ``T`` document tokens for every layer. A
+document longer than that is therefore refused before the prefill (a current limit of the pool
+layout, not of the method: those layers only ever attend to the last ``window - 1`` tokens, so a
+per-layer token count would lift it). Within the window, an agent's own turns may run past it;
+attention then drops the oldest tokens as the model itself does.
 """
 
 from __future__ import annotations
@@ -58,12 +59,12 @@ def document_token_limit(model: PreTrainedModel) -> int | None:
 
 def check_fits_sliding_window(model: PreTrainedModel, num_tokens: int) -> None:
     """Raise ``ValueError`` if ``num_tokens`` of document would not fit whole in the model's sliding-window layers."""
-    window = document_token_limit(model)
-    if window is not None and num_tokens > window:
+    limit = document_token_limit(model)
+    if limit is not None and num_tokens > limit:
         msg = (
             f"the document is {num_tokens} tokens, but this model's sliding-window layers keep only the "
-            f"last {window}, so the pool would lose the document's beginning; split the document into parts of "
-            f"at most {window} tokens (one pool each), or use a model without sliding-window attention"
+            f"last {limit}, and a pool holds every document token in every layer; split the document into "
+            f"parts of at most {limit} tokens (one pool each), or use a model without sliding-window attention"
         )
         raise ValueError(msg)
 

@@ -22,7 +22,7 @@ from langchain_core.language_models.chat_models import agenerate_from_stream, ge
 from langchain_core.messages import AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from polykv_agents.async_bridge import iterate_in_thread
 from polykv_agents.decoding import Runtime, encode_prompt, generate_text
@@ -78,6 +78,9 @@ class ChatPolyKV(BaseChatModel):
     """How pooled calls read the pool: batched over one shared prefix kept ``decompressed`` (fast) or
     ``compressed`` (smallest), or ``private`` (one decoded copy per call, the reference design)."""
 
+    _pool_object: SharedKVPool | None = PrivateAttr(default=None)
+    """The pool given to :meth:`with_pool` as an object: held so the registry's budget cannot lose it."""
+
     @property
     def _llm_type(self) -> str:
         return "polykv"
@@ -112,10 +115,12 @@ class ChatPolyKV(BaseChatModel):
             document: The pool's document, so the pool can be rebuilt if this process has never
                 seen it and no store holds it (e.g. a checkpointed thread resumed elsewhere).
         """
-        if isinstance(pool, SharedKVPool):
-            POOL_REGISTRY.put(pool)
-            pool = PoolHandle.from_pool(pool)
-        return self.model_copy(update={"pool": pool, "pool_document": document})
+        if not isinstance(pool, SharedKVPool):
+            return self.model_copy(update={"pool": pool, "pool_document": document})
+        POOL_REGISTRY.put(pool)
+        bound = self.model_copy(update={"pool": PoolHandle.from_pool(pool), "pool_document": document})
+        bound._pool_object = pool  # the registry may evict it (byte budget); this copy still has it
+        return bound
 
     # ---------------------------------------------------------------- one call
 
@@ -142,7 +147,7 @@ class ChatPolyKV(BaseChatModel):
             pool = None
             if self.pool is not None:
                 # Leased for the whole call: the registry's byte budget never evicts a pool in use.
-                pool = lease.enter_context(POOL_REGISTRY.use(self.pool, model, tokenizer, document=self.pool_document))
+                pool = lease.enter_context(self._leased_pool(model, tokenizer))
             prompt_ids = encode_prompt(tokenizer, to_chat_messages(messages), pool=pool)
             stats = GenerationStats(prompt_tokens=prompt_ids.numel(), cached_tokens=pool.num_tokens if pool else 0)
             for piece in generate_text(
@@ -153,6 +158,15 @@ class ChatPolyKV(BaseChatModel):
                     run_manager.on_llm_new_token(piece, chunk=chunk)
                 yield chunk
             yield self._final_chunk(stats, model_name, pool)
+
+    def _leased_pool(self, model, tokenizer) -> contextlib.AbstractContextManager[SharedKVPool]:
+        """This call's pool, leased from the process-wide registry (so its budget never evicts it mid-call)."""
+        held = self._pool_object
+        if held is not None and self.pool is not None and held.digest == self.pool.digest:
+            held.check_compatible(model, tokenizer)
+            return POOL_REGISTRY.leased(held)
+        assert self.pool is not None
+        return POOL_REGISTRY.use(self.pool, model, tokenizer, document=self.pool_document)
 
     @staticmethod
     def _final_chunk(stats: GenerationStats, model_name: str, pool: SharedKVPool | None) -> ChatGenerationChunk:

@@ -44,7 +44,7 @@ def clean_errors(command: F) -> F:
         except ModuleNotFoundError as e:
             hint = BENCH_EXTRA_HINT if e.name in BENCH_EXTRA_MODULES else ""
             err.print(f"[bold red]error:[/] {escape(f'{e}{hint}')}")
-        except OSError as e:  # a file that exists but cannot be read or written
+        except (PermissionError, IsADirectoryError, NotADirectoryError) as e:  # a path that cannot be read
             where = e.filename or "a file"
             err.print(f"[bold red]error:[/] {escape(f'cannot access {where}: {e.strerror or e}')}")
         raise typer.Exit(code=1)

@@ -108,11 +108,7 @@ class PrefetchDocument:
         pool = self.registry.get_or_build(
             model, tokenizer, self.document_messages(state), config=self.config, store=self.store
         )
-        store_dir = None
-        if self.store is not None:
-            if pool.digest not in self.store:  # e.g. built earlier in this process without this store
-                self.store.save(pool)
-            store_dir = str(self.store.directory)
+        store_dir = None if self.store is None else self.store.directory  # get_or_build saved it there
         return {self.pool_key: PoolHandle.from_pool(pool, store_dir=store_dir)}
 
     def pooled_chat(self, state: Mapping[str, Any], chat: ChatPolyKV | None = None) -> Runnable:

@@ -8,7 +8,7 @@ natural turns after that prefix, followed by the template's generation prompt.
 The continuation is found by rendering prefix + new turns and cutting off the rendered prefix, so
 any template that renders a conversation as a growing string works unchanged.
 
-A conversation that ends with a non-empty assistant message is continued rather than answered anew
+A conversation that ends with an assistant message that is not blank is continued rather than answered anew
 (assistant prefill): the prompt ends inside that message, and the model writes the rest of it.
 """
 
@@ -29,11 +29,11 @@ def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
 
 
 def _ends_with_partial_answer(messages: Sequence[Message]) -> bool:
-    return bool(messages) and messages[-1]["role"] == "assistant" and bool(messages[-1]["content"])
+    return bool(messages) and messages[-1]["role"] == "assistant" and bool(messages[-1]["content"].strip())
 
 
 def _without_empty_final_answer(messages: Sequence[Message]) -> Sequence[Message]:
-    if messages and messages[-1]["role"] == "assistant" and not messages[-1]["content"]:
+    if messages and messages[-1]["role"] == "assistant" and not messages[-1]["content"].strip():
         return messages[:-1]
     return messages
 

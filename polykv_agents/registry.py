@@ -193,6 +193,8 @@ class PoolRegistry:
                 self._leases[pool.digest] -= 1
                 if not self._leases[pool.digest]:
                     del self._leases[pool.digest]
+                if pool.digest in self._pools:  # it was just used: the most recently used, not the next to go
+                    self._pools.move_to_end(pool.digest)
                 self._evict_over_budget()
 
     @contextlib.contextmanager
@@ -270,9 +272,12 @@ class PoolRegistry:
         digest = self._digest(model, tokenizer, document, config)
 
         def build() -> SharedKVPool:
-            return self._prefill(digest, model, tokenizer, document, config=config, store=store, chunk_size=chunk_size)
+            return self._prefill(digest, model, tokenizer, document, config=config, store=None, chunk_size=chunk_size)
 
-        return self._load_or_build(digest, store, build)
+        pool = self._load_or_build(digest, store, build)
+        if store is not None and pool.digest not in store:  # just built, or registered earlier without this store
+            _save(store, pool)
+        return pool
 
     def resolve(
         self,
@@ -405,13 +410,17 @@ class PoolRegistry:
         if pool.digest != digest:  # the model changed between computing the digest and the prefill
             logger.warning("model %s changed during the build; pool registered under its new digest", model)
         if store is not None:
-            try:
-                store.save(pool)
-            except OSError as e:
-                # The pool is built and registered; only its saved copy is missing, and a resumed thread can
-                # still rebuild it from the document.
-                warnings.warn(f"could not save pool {pool.digest[:12]}... to {store.directory}: {e}", stacklevel=7)
+            _save(store, pool)
         return pool
+
+
+def _save(store: PoolStore, pool: SharedKVPool) -> None:
+    try:
+        store.save(pool)
+    except OSError as e:
+        # The pool is built and registered; only its saved copy is missing, and a resumed thread can
+        # still rebuild it from the document.
+        warnings.warn(f"could not save pool {pool.digest[:12]}... to {store.directory}: {e}", stacklevel=4)
 
 
 def _budget_from_environment() -> int:

@@ -1,9 +1,9 @@
 """Cascade (Hydragen-style) attention: every agent's queries against ONE shared prefix, plus each
 agent's own suffix, merged exactly by log-sum-exp.
 
-Registered with transformers' ``AttentionInterface`` as ``polykv_cascade``: a model switched to it
-runs plain SDPA for ordinary calls, and cascade attention for calls that pass a
-:class:`CascadeContext` (the batched runtime does).
+Registered with transformers' ``AttentionInterface`` as ``polykv_cascade`` (over ``sdpa``) or
+``polykv_cascade_<base>``: a model switched to it runs its original attention for ordinary calls,
+and cascade attention for calls that pass a :class:`CascadeContext` (the batched runtime does).
 
 Shapes (B agents in the batch, q new tokens each, H query heads, KVH kv heads, G = H / KVH):
   query  [B, H, q, D]
@@ -181,7 +181,9 @@ def cascade_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: the model's ``base`` attention unless a :class:`CascadeContext` is passed."""
     if cascade is None:
-        return _base_attention(base, module)(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+        # By keyword: eager functions take (..., attention_mask, scaling, dropout), sdpa (..., dropout, scaling).
+        base_attention = _base_attention(base, module)
+        return base_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
     batch, heads, q_len, head_dim = query.shape
     scaling = scaling if scaling is not None else head_dim**-0.5
@@ -265,9 +267,7 @@ def register_cascade_attention(base: str = "sdpa") -> str:
 def enable_cascade_attention(model) -> None:
     """Switch ``model`` to cascade attention over the attention it has now, whose numerics ordinary
     calls keep exactly."""
-    current = model.config._attn_implementation
-    if current is None or current.startswith(ATTENTION_NAME):
-        if current is not None:
-            return
-        current = "sdpa"
+    current = model.config._attn_implementation or "sdpa"
+    if current.startswith(ATTENTION_NAME):
+        return  # already switched
     model.set_attn_implementation(register_cascade_attention(current))

@@ -68,7 +68,7 @@ class BatchScheduler:
     """Gathers concurrent requests over one pool into one batched forward pass per step.
 
     Args:
-        model: The model (switched to cascade attention; ordinary calls still run SDPA).
+        model: The model (switched to cascade attention; ordinary calls keep its own attention).
         tokenizer: Its tokenizer (for EOS ids).
         pool: The shared document pool.
         residency: Whether the prefix is kept decoded (fast) or compressed (smallest).
@@ -157,7 +157,8 @@ class BatchScheduler:
             with self._wake:
                 while not self._rows and self._inbox.empty() and not self._closed:
                     timeout = self.idle_seconds if self._on_idle is not None else None
-                    if not self._wake.wait(timeout) and self._inbox.empty():
+                    # Re-read after the wait: idle_seconds may have been set to None meanwhile.
+                    if not self._wake.wait(timeout) and self._inbox.empty() and self.idle_seconds is not None:
                         break  # idle for idle_seconds
                 if self._closed:
                     return False
@@ -312,11 +313,9 @@ def _registered(
     key = (pool.digest, residency)
     per_model = _SCHEDULERS.setdefault(model, {})
     if key not in per_model:
-        model_ref = weakref.ref(model)
 
         def on_idle(scheduler: BatchScheduler) -> bool:
-            owner = model_ref()
-            return owner is None or _retire(owner, key, scheduler)
+            return _retire(model, key, scheduler)
 
         per_model[key] = BatchScheduler(model, tokenizer, pool, residency=residency, on_idle=on_idle)
     return per_model[key]

@@ -17,6 +17,8 @@ import transformers
 from tiny_models import FAMILIES, SLIDING_WINDOW, tiny_causal_lm
 
 from polykv_agents import CompressionConfig, GenerationSettings, PooledAgent, SharedKVPool
+from polykv_agents.eval.perplexity import perplexity_deltas
+from polykv_agents.runtime.cascade_attention import enable_cascade_attention
 from polykv_agents.store import PoolStore
 
 DOC = "Keys are quantised to eight bits; values use a rotated three-bit codebook."
@@ -83,6 +85,30 @@ def test_default_compression_runs_end_to_end(family, tiny_tok, tmp_path):
     for runtime in ("private", "decompressed"):
         answer = pooled_greedy(PooledAgent(loaded, model, tiny_tok, runtime=runtime), QUESTIONS[1])
         assert len(answer) == NEW_TOKENS
+
+
+@pytest.mark.parametrize("base", ["eager", "sdpa"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_switching_to_cascade_attention_keeps_ordinary_calls_exact(family, base):
+    """Plain forward passes (prefill, ``generate``) run the attention the model had before the switch."""
+    if family == "gemma2" and base == "sdpa":
+        pytest.skip("transformers' sdpa refuses Gemma 2's soft-capping")
+    model = tiny_causal_lm(family, seed=7)
+    model.set_attn_implementation(base)
+    ids = torch.arange(3, 60).unsqueeze(0)
+    with torch.inference_mode():
+        before = model(ids).logits
+        enable_cascade_attention(model)
+        assert model.config._attn_implementation.startswith("polykv_cascade")
+        after = model(ids).logits
+    assert torch.equal(before, after)
+
+
+def test_perplexity_refuses_a_context_longer_than_the_sliding_window(tiny_tok):
+    with pytest.raises(ValueError, match="sliding-window layers keep only the last"):
+        perplexity_deltas(
+            model_of("mistral"), tiny_tok, DOC * 8, context_tokens=100, continuation_tokens=20, configs=[]
+        )
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma2"])

@@ -69,6 +69,15 @@ def test_a_fresh_registry_loads_from_the_store_instead_of_building(tiny_model, t
     assert (loaded.digest, loaded.tensor_checksum()) == (built.digest, built.tensor_checksum())
 
 
+def test_a_pool_registered_without_a_store_is_saved_when_a_store_asks_for_it(tiny_model, tiny_tok, tmp_path):
+    registry = PoolRegistry()
+    pool = registry.get_or_build(tiny_model, tiny_tok, DOC)  # no store yet
+    store = PoolStore(tmp_path)
+    assert registry.get_or_build(tiny_model, tiny_tok, DOC, store=store) is pool
+    assert pool.digest in store  # so a thread resumed elsewhere loads it instead of prefilling
+    assert registry.build_count == 1
+
+
 def test_a_failed_save_warns_and_still_returns_the_pool(tiny_model, tiny_tok, tmp_path, monkeypatch):
     def failing_save(self, pool):
         raise OSError("read-only file system")

@@ -49,9 +49,10 @@ def test_a_pool_in_use_is_never_evicted(pools, caplog):
         assert registry.leases(a.digest) == 1
         with pytest.raises(RuntimeError, match="in use"):
             registry.discard(a.digest)
-    # The lease ended: the budget applies again, and the least recently used pool goes.
+    # The lease ended: the budget applies again. The call that held a has just used it, so the least
+    # recently used pool is now c, and c goes.
     assert registry.leases(a.digest) == 0
-    assert a.digest not in registry and c.digest in registry
+    assert a.digest in registry and c.digest not in registry
 
 
 def test_the_newest_pool_stays_even_when_it_alone_exceeds_the_budget(pools):
@@ -100,7 +101,8 @@ def test_a_chat_call_holds_a_lease_while_it_streams(tiny_model_dir, monkeypatch)
     assert pool.digest in registry
     list(stream)
     assert registry.leases(pool.digest) == 0
-    assert pool.digest not in registry  # evicted as soon as the call ended
+    # The budget applies as soon as the call ends: the call's pool was just used, so the other one goes.
+    assert pool.digest in registry and other.digest not in registry
     assert registry.build_count == 0
 
 
@@ -118,6 +120,20 @@ def test_concurrent_calls_under_a_tight_budget_all_complete(tiny_model_dir, monk
         answers = list(executor.map(lambda i: chats[i % 4].invoke("Go.").content, range(32)))
     assert answers == [expected[i % 4] for i in range(32)]
     assert all(registry.leases(chat.pool.digest) == 0 for chat in chats)
+
+
+def test_a_chat_model_given_a_pool_object_keeps_it_through_eviction(tiny_model_dir, monkeypatch):
+    """``with_pool(pool)`` hands over the pool itself: eviction from the registry must not lose it."""
+    registry = PoolRegistry(max_bytes=1)
+    monkeypatch.setattr("polykv_agents.chat_model.POOL_REGISTRY", registry)
+    model, tokenizer = load_model(tiny_model_dir)
+    pool = SharedKVPool.prefill(model, tokenizer, DOCS[0])
+    chat = ChatPolyKV(model=tiny_model_dir, max_tokens=6).with_pool(pool)  # no store, no document
+    expected = chat.invoke("Go.").content
+    registry.put(SharedKVPool.prefill(model, tokenizer, DOCS[1]))
+    assert pool.digest not in registry
+    assert chat.invoke("Go.").content == expected
+    assert registry.build_count == 0
 
 
 def test_the_process_budget_comes_from_the_environment(monkeypatch):
