@@ -114,6 +114,57 @@ def soak_section(args, tokenizer, text: str) -> dict:
     }
 
 
+def render_markdown(result: dict) -> str:
+    """The tables docs/RELIABILITY.md quotes."""
+    info = RunInfo.model_validate(result["run_info"])
+    load, soak = result["load"], result["soak"]
+    sequential = next(r for r in load["results"] if r["mode"] == "sequential")
+    lines = [
+        f"Machine: {info.sentence()}.",
+        "",
+        f"**Load**: {load['results'][0]['calls']} different calls over {load['roles']} roles, one pool of "
+        f"{load['context_tokens']} tokens, greedy, at most {load['max_tokens']} new tokens each.",
+        "",
+        "| how | wall time | answers different from the same call alone |",
+        "|---|---:|---:|",
+    ]
+    for r in load["results"]:
+        speed = "" if r["mode"] == "sequential" else f" ({sequential['seconds'] / r['seconds']:.1f}x faster)"
+        how = {"sequential": "one by one (the reference)", "threads": "all at once, threads (`batch`)"}.get(
+            r["mode"], "all at once, asyncio (`gather` of `ainvoke`)"
+        )
+        lines.append(f"| {how} | {r['seconds']:.1f} s{speed} | {r['mismatches']} of {r['calls']} |")
+    lines += [
+        "",
+        f'The first {load["private_checked"]} references also equal `runtime="private"` (transformers\' own '
+        f"attention over a private decoded copy): {load['private_checked'] - load['private_mismatches']} of "
+        f"{load['private_checked']}. Distinct answers among the references: {load['distinct_answers']}.",
+        "",
+        f"**Soak**: {soak['runs']} runs of `graphs/role_swarm.py` ({soak['roles']} roles + aggregator, "
+        f"{soak['max_tokens']} tokens per answer, SQLite checkpointer, a new document of {soak['context_tokens']} "
+        f"tokens and a new thread per run) in one process, {soak['seconds'] / 60:.1f} min; "
+        f"registry budget {soak['registry_budget_bytes'] / 2**20:.0f} MiB, {soak['builds']} pools built, "
+        f"{soak['registry_evictions']} evicted.",
+        "",
+        "| run | RSS | live tensors | live tensor bytes | threads |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    samples = soak["samples"]
+    shown = [s for s in samples if s["run"] % 50 == 0 or s is samples[-1]]
+    for sample in shown:
+        lines.append(
+            f"| {sample['run']} | {sample['rss_bytes'] / 2**20:.0f} MiB | {sample['live_tensors']} | "
+            f"{sample['live_tensor_bytes'] / 2**20:.1f} MiB | {sample['threads']} |"
+        )
+    g = soak["growth"]
+    lines += [
+        "",
+        f"Growth from run {g['from_run']} to run {g['to_run']}: RSS {g['rss_bytes'] / 2**20:+.1f} MiB, live tensors "
+        f"{g['live_tensors']:+d} ({g['live_tensor_bytes'] / 2**20:+.1f} MiB), threads {g['threads']:+d}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200)
@@ -126,7 +177,11 @@ def main() -> None:
     parser.add_argument("--soak-tokens", type=int, default=8)
     parser.add_argument("--budget-mib", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/load_soak.json"))
+    parser.add_argument("--render-only", action="store_true", help="only rewrite the .md from the JSON at --out")
     args = parser.parse_args()
+    if args.render_only:
+        args.out.with_suffix(".md").write_text(render_markdown(json.loads(args.out.read_text())))
+        return
 
     started = time.perf_counter()
     model, tokenizer = load_model()
@@ -139,7 +194,8 @@ def main() -> None:
     result["total_seconds"] = time.perf_counter() - started
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out} in {result['total_seconds']:.0f} s")
+    args.out.with_suffix(".md").write_text(render_markdown(result))
+    print(f"wrote {args.out} and its .md in {result['total_seconds']:.0f} s")
 
 
 if __name__ == "__main__":
