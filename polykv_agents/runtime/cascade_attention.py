@@ -108,6 +108,8 @@ class CascadeContext:
         def build() -> torch.Tensor:
             return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, -torch.inf)
 
+        # Keyed by id(): safe because every mask passed here is itself held in self._masks for the
+        # whole forward, so its id cannot be reused by another tensor meanwhile.
         return self._cached(("additive", id(mask), dtype), build)
 
 
