@@ -22,6 +22,7 @@ from langchain_core.language_models.chat_models import agenerate_from_stream, ge
 from langchain_core.messages import AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable
 from pydantic import Field, PrivateAttr
 
 from polykv_agents.async_bridge import iterate_in_thread
@@ -33,6 +34,7 @@ from polykv_agents.messages import to_chat_messages
 from polykv_agents.models import DEFAULT_MODEL, load_model
 from polykv_agents.pool import SharedKVPool
 from polykv_agents.registry import POOL_REGISTRY
+from polykv_agents.structured_output import response_format_grammar, structured_output
 
 
 class ChatPolyKV(BaseChatModel):
@@ -125,13 +127,36 @@ class ChatPolyKV(BaseChatModel):
     # ---------------------------------------------------------------- one call
 
     def _settings(self, stop: list[str] | None, kwargs: dict[str, Any]) -> GenerationSettings:
+        response_format = kwargs.get("response_format")
         return GenerationSettings(
             max_new_tokens=kwargs.get("max_tokens", self.max_tokens),
             temperature=kwargs.get("temperature", self.temperature),
             top_p=kwargs.get("top_p", self.top_p),
             seed=kwargs.get("seed", self.seed),
             stop=stop if stop is not None else self.stop,
+            grammar=None if response_format is None else response_format_grammar(response_format),
         )
+
+    def with_structured_output(
+        self, schema: Any = None, *, method: str = "json_schema", include_raw: bool = False, **kwargs: Any
+    ) -> Runnable:
+        """Answers as JSON following ``schema`` (a pydantic model, a TypedDict or a JSON schema), decoded
+        under a grammar compiled from it, so the output always parses; see
+        :mod:`polykv_agents.structured_output`.
+
+        Args:
+            schema: The output schema; optional for ``method="json_mode"`` (any JSON object).
+            method: ``json_schema`` (default) or ``json_mode``.
+            include_raw: Return ``{"raw": AIMessage, "parsed": ..., "parsing_error": ...}``.
+
+        Raises:
+            GrammarError: The schema cannot be compiled into a grammar (raised here, at bind time).
+        """
+        kwargs.pop("strict", None)  # always strict: the grammar enforces the schema
+        if kwargs:
+            msg = f"unsupported arguments {sorted(kwargs)}; with_structured_output takes schema, method, include_raw"
+            raise ValueError(msg)
+        return structured_output(self, schema, method=method, include_raw=include_raw)
 
     def _stream(
         self,

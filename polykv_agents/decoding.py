@@ -20,7 +20,7 @@ from transformers.cache_utils import Cache
 
 from polykv_agents.compat import forward_with_cache, new_dynamic_cache
 from polykv_agents.documents import max_positions
-from polykv_agents.generation import GenerationSettings, GenerationStats, eos_token_ids, next_token
+from polykv_agents.generation import GenerationSettings, GenerationStats, eos_token_ids, next_token, token_constraint
 from polykv_agents.pool import SharedKVPool
 from polykv_agents.prompts import Message, render_continuation, render_prompt
 from polykv_agents.runtime import scheduler
@@ -80,14 +80,20 @@ def _private_cache_tokens(
     """The one-sequence loop over a cache this call owns (``prompt_ids [n]`` at positions ``start ..``)."""
     eos_ids = eos_token_ids(model, tokenizer)
     generator = settings.make_generator()
+    constraint = token_constraint(model, tokenizer, settings)
     logits = _forward_last(model, prompt_ids, cache, start)
     position = start + prompt_ids.numel()
     for step in range(budget):
-        token = next_token(logits, settings, generator)
+        token = next_token(logits, settings, generator, constraint)
         if token in eos_ids and not settings.ignore_eos:
             stats.finish_reason = "stop"
             return
+        if constraint is not None:
+            constraint.advance(token)
         yield token
+        if constraint is not None and constraint.finished:
+            stats.finish_reason = "stop"
+            return
         if step + 1 < budget:
             logits = _forward_last(model, torch.tensor([token]), cache, position)
             position += 1
@@ -147,7 +153,8 @@ def generate_text(
     Closing the iterator early (a consumer that stops reading, a cancelled request) closes the
     token loop too, which frees the call's cache at once.
     """
-    detokenizer = StopAwareDetokenizer(tokenizer, settings.stop)
+    # Under a grammar the grammar decides the end: a stop sequence inside a JSON string must not cut it.
+    detokenizer = StopAwareDetokenizer(tokenizer, () if settings.grammar is not None else settings.stop)
     tokens = generate_token_ids(model, tokenizer, prompt_ids, settings, pool=pool, stats=stats, runtime=runtime)
     try:
         for token in tokens:

@@ -14,6 +14,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from polykv_agents.grammar import TokenConstraint
+
 
 class GenerationSettings(BaseModel):
     """How one agent call decodes."""
@@ -32,6 +34,10 @@ class GenerationSettings(BaseModel):
     """Stop sequences (may span several tokens); the answer ends before the first one."""
     ignore_eos: bool = False
     """Keep decoding past end-of-turn tokens (benchmarks use it to decode exactly max_new_tokens)."""
+    grammar: str | None = None
+    """An llguidance grammar every token must follow (:func:`polykv_agents.grammar.json_schema_grammar`).
+    The answer then ends when the grammar is complete, and stop sequences are not applied: one that
+    occurs inside a JSON string must not cut the JSON."""
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -62,8 +68,16 @@ class GenerationSettings(BaseModel):
         return generator
 
 
-def next_token(logits: torch.Tensor, settings: GenerationSettings, generator: torch.Generator | None) -> int:
-    """Pick the next token from ``logits [vocab]``."""
+def next_token(
+    logits: torch.Tensor,
+    settings: GenerationSettings,
+    generator: torch.Generator | None,
+    constraint: TokenConstraint | None = None,
+) -> int:
+    """Pick the next token from ``logits [vocab]``; with a ``constraint``, only among the tokens its
+    grammar allows (the logits are masked in place)."""
+    if constraint is not None:
+        constraint.mask_(logits)
     if settings.temperature == 0.0 or generator is None:
         return int(logits.argmax())
     # Shift by the max first: dividing raw logits by a tiny temperature would overflow to inf/NaN.
@@ -99,3 +113,13 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
         elif source is not None:
             ids.update(source)
     return frozenset(ids)
+
+
+def token_constraint(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, settings: GenerationSettings
+) -> TokenConstraint | None:
+    """The grammar state of one call, or ``None`` when its settings have no grammar (it then pays nothing)."""
+    if settings.grammar is None:
+        return None
+    vocab_size = model.config.get_text_config(decoder=True).vocab_size
+    return TokenConstraint(settings.grammar, tokenizer, vocab_size, eos_token_ids(model, tokenizer))

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from polykv_agents.generation import GenerationSettings, GenerationStats, eos_token_ids, next_token
+from polykv_agents.generation import GenerationSettings, GenerationStats, eos_token_ids, next_token, token_constraint
+from polykv_agents.grammar import GrammarError, TokenConstraint
 from polykv_agents.pool import SharedKVPool
 from polykv_agents.runtime.cascade_attention import CascadeContext, enable_cascade_attention
 from polykv_agents.runtime.shared_prefix import Residency, SharedPrefix
@@ -54,6 +55,7 @@ class _Request:
     budget: int
     stats: GenerationStats
     generator: torch.Generator | None
+    constraint: TokenConstraint | None = None  # this request's own grammar state, if it has a grammar
     out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     produced: int = 0
@@ -62,6 +64,11 @@ class _Request:
     def finish(self, reason: str) -> None:
         self.stats.finish_reason = reason  # type: ignore[assignment]
         self.out.put(_END)
+
+    def fail(self, error: BaseException) -> None:
+        """End this request with ``error`` (raised to its consumer); the other rows go on."""
+        self.stats.finish_reason = "stop"
+        self.out.put(error)
 
 
 class BatchScheduler:
@@ -94,6 +101,7 @@ class BatchScheduler:
         self.model = model
         self.prefix = SharedPrefix(pool, model, residency)
         self.max_batch_size = max_batch_size
+        self._tokenizer = tokenizer
         self._eos_ids = eos_token_ids(model, tokenizer)
         self._num_layers = pool.num_layers
         self._inbox: queue.SimpleQueue[_Request] = queue.SimpleQueue()
@@ -111,7 +119,8 @@ class BatchScheduler:
 
     def submit(self, prompt_ids: torch.Tensor, settings: GenerationSettings, stats: GenerationStats, budget: int):
         """Queue a request; returns an iterator of its token ids. Closing the iterator cancels it."""
-        request = _Request(prompt_ids, settings, budget, stats, settings.make_generator())
+        constraint = token_constraint(self.model, self._tokenizer, settings)  # a bad grammar fails here, in the caller
+        request = _Request(prompt_ids, settings, budget, stats, settings.make_generator(), constraint)
         with self._wake:
             if self._closed:
                 msg = "this scheduler is closed; submit through polykv_agents.runtime.scheduler.submit(...)"
@@ -188,14 +197,22 @@ class BatchScheduler:
 
     def _emit(self, request: _Request, logits: torch.Tensor) -> None:
         """Sample one token for ``request`` and deliver it, or finish the request."""
-        token = next_token(logits, request.settings, request.generator)
-        if token in self._eos_ids and not request.settings.ignore_eos:
-            request.finish("stop")
+        try:
+            token = next_token(logits, request.settings, request.generator, request.constraint)
+            if token in self._eos_ids and not request.settings.ignore_eos:
+                request.finish("stop")
+                return
+            if request.constraint is not None:
+                request.constraint.advance(token)
+        except GrammarError as e:
+            request.fail(e)
             return
         request.produced += 1
         request.last_token = token
         request.out.put(token)
-        if request.produced >= request.budget:
+        if request.constraint is not None and request.constraint.finished:
+            request.finish("stop")
+        elif request.produced >= request.budget:
             request.finish("length")
 
     def _forward(self, ids: torch.Tensor, cache: SuffixCache) -> torch.Tensor:

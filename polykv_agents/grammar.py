@@ -1,0 +1,122 @@
+"""Grammar-constrained decoding: every generated token is one the grammar allows, so the text always
+parses (a JSON schema, a tool call).
+
+The engine is llguidance (the grammar library behind vLLM's and SGLang's ``guidance`` backends and
+llama.cpp's): a 3 MB wheel with no dependencies, that computes a token mask from a JSON schema or a
+Lark grammar in about 0.2 ms per token for SmolLM2's 49k vocabulary on this CPU. xgrammar was the
+other candidate; on Linux it requires triton (a 286 MB wheel), which a CPU laptop install should not
+pay for.
+
+Data flow of one constrained call:
+  JSON schema -> :func:`json_schema_grammar` (checked at bind time: a schema that cannot be compiled
+  is a :class:`GrammarError` then, not mid-generation) -> ``GenerationSettings.grammar`` (a string,
+  so settings stay frozen and serializable)
+  -> per call, a :class:`TokenConstraint` (one llguidance matcher: the call's own grammar state)
+  -> each step: ``mask_(logits)`` sets disallowed tokens to -inf before the token is chosen,
+     ``advance(token)`` moves the grammar on; ``finished`` once the grammar allows nothing more.
+Calls without a grammar have no constraint and pay nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import llguidance.torch
+import torch
+from transformers import PreTrainedTokenizerBase
+
+
+class GrammarError(ValueError):
+    """A schema or grammar that cannot be compiled, or an output the grammar cannot continue."""
+
+
+def json_schema_grammar(schema: Mapping[str, Any] | str) -> str:
+    """The llguidance grammar of JSON documents matching ``schema`` (a dict or its JSON text), compact
+    (no free whitespace: a small model would otherwise spend its tokens on it).
+
+    Raises:
+        GrammarError: ``schema`` is not valid JSON Schema as llguidance reads it; the message says what.
+    """
+    text = schema if isinstance(schema, str) else json.dumps(schema)
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults={"whitespace_flexible": False})
+    except (ValueError, TypeError) as e:
+        msg = f"this JSON schema cannot be compiled into a grammar: {e}"
+        raise GrammarError(msg) from e
+    problem = llguidance.LLMatcher.validate_grammar(grammar)
+    if problem:
+        msg = f"this JSON schema cannot be compiled into a grammar: {problem}; fix the schema"
+        raise GrammarError(msg)
+    return grammar
+
+
+ANY_JSON_OBJECT = {"type": "object"}
+"""The schema of ``json_mode``: any JSON object."""
+
+
+# tokenizer -> vocabulary size -> llguidance tokenizer (building one reads the whole vocabulary: ~0.3 s).
+_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TOKENIZERS_LOCK = threading.Lock()
+
+
+def _ll_tokenizer(tokenizer: PreTrainedTokenizerBase, vocab_size: int, eos_ids: Iterable[int]):
+    key = (vocab_size, tuple(sorted(eos_ids)))
+    with _TOKENIZERS_LOCK:
+        cached = _TOKENIZERS.setdefault(tokenizer, {})
+        if key not in cached:
+            cached[key] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(key[1]) or None)
+        return cached[key]
+
+
+class TokenConstraint:
+    """One call's grammar state over a model's logits.
+
+    Args:
+        grammar: An llguidance grammar (e.g. from :func:`json_schema_grammar`).
+        tokenizer: The model's tokenizer.
+        vocab_size: Width of the model's logits (may exceed the tokenizer's vocabulary).
+        eos_ids: Tokens that end a turn; the grammar allows them once its text is complete.
+    """
+
+    def __init__(
+        self, grammar: str, tokenizer: PreTrainedTokenizerBase, vocab_size: int, eos_ids: Iterable[int]
+    ) -> None:
+        self._matcher = llguidance.LLMatcher(_ll_tokenizer(tokenizer, vocab_size, eos_ids), grammar, log_level=0)
+        self._check()
+        self._bitmask = llguidance.torch.allocate_token_bitmask(1, vocab_size)  # [1, ceil(V / 32)] int32
+
+    def _check(self) -> None:
+        if self._matcher.is_error():
+            msg = f"constrained decoding failed: {self._matcher.get_error()}"
+            raise GrammarError(msg)
+
+    def mask_(self, logits: torch.Tensor) -> torch.Tensor:
+        """Set the logits ``[vocab]`` of every token the grammar does not allow next to -inf, in place."""
+        llguidance.torch.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
+        self._check()
+        row = logits.view(1, -1)
+        if row.device.type != "cpu" or row.dtype != torch.float32:
+            masked = row.float().cpu()
+            llguidance.torch.apply_token_bitmask_inplace(masked, self._bitmask)
+            row.copy_(masked)
+        else:
+            llguidance.torch.apply_token_bitmask_inplace(row, self._bitmask)
+        return logits
+
+    def advance(self, token: int) -> None:
+        """Move the grammar past ``token`` (one the mask allowed)."""
+        if not self._matcher.consume_token(token):
+            self._check()
+            msg = f"constrained decoding failed: the grammar does not allow token {token} here"
+            raise GrammarError(msg)
+
+    @property
+    def finished(self) -> bool:
+        """The grammar allows no more tokens: the output is complete."""
+        return self._matcher.is_stopped()

@@ -1,0 +1,132 @@
+"""``with_structured_output`` for ChatPolyKV: a schema becomes a grammar, so the answer always parses.
+
+Data flow:
+  pydantic model / TypedDict / JSON schema -> JSON schema (langchain-core's converter)
+  -> compiled once at bind time (:func:`polykv_agents.grammar.json_schema_grammar`: a schema that
+     cannot be compiled is an error here, not mid-generation)
+  -> the chat model bound with ``response_format={"type": "json_schema", ...}``; each call decodes
+     under the grammar (:class:`polykv_agents.grammar.TokenConstraint`)
+  -> a parser: the pydantic model's own validation, or plain JSON for TypedDicts and dict schemas.
+
+``json_mode`` constrains to any JSON object and parses it (with the schema's pydantic model, if one is
+given). ``include_raw=True`` returns ``{"raw", "parsed", "parsing_error"}`` as LangChain's models do.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from operator import itemgetter
+from typing import Any
+
+from langchain_core.exceptions import OutputParserException
+from langchain_core.output_parsers import BaseOutputParser, PydanticOutputParser
+from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.utils.function_calling import convert_to_json_schema
+from langchain_core.utils.pydantic import is_basemodel_subclass
+
+from polykv_agents.grammar import ANY_JSON_OBJECT, GrammarError, json_schema_grammar
+
+METHODS = ("json_schema", "json_mode")
+
+
+def response_format_grammar(response_format: Mapping[str, Any]) -> str:
+    """The grammar of an OpenAI-style ``response_format``: ``{"type": "json_schema", "json_schema":
+    {"schema": {...}}}`` or ``{"type": "json_object"}``.
+
+    Raises:
+        GrammarError: Another type, no schema, or a schema that cannot be compiled.
+    """
+    kind = response_format.get("type") if isinstance(response_format, Mapping) else None
+    if kind == "json_object":
+        return json_schema_grammar(ANY_JSON_OBJECT)
+    if kind == "json_schema":
+        spec = response_format.get("json_schema") or {}
+        schema = spec.get("schema") if isinstance(spec, Mapping) else None
+        if isinstance(schema, Mapping):
+            return json_schema_grammar(schema)
+    msg = (
+        f"response_format must be {{'type': 'json_schema', 'json_schema': {{'name': ..., 'schema': {{...}}}}}} "
+        f"or {{'type': 'json_object'}}, got {response_format!r}"
+    )
+    raise GrammarError(msg)
+
+
+class CompleteJsonParser(BaseOutputParser[Any]):
+    """JSON text to Python, refusing an incomplete document: langchain-core's ``JsonOutputParser``
+    repairs truncated JSON into a partial object, which would hide an answer cut by ``max_tokens``."""
+
+    def parse(self, text: str) -> Any:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            msg = f"the answer is not complete JSON ({e}); if it was cut by max_tokens, raise max_tokens"
+            raise OutputParserException(msg, llm_output=text) from e
+
+    @property
+    def _type(self) -> str:
+        return "polykv_complete_json"
+
+
+def _parser(schema: Any) -> BaseOutputParser:
+    if isinstance(schema, type) and is_basemodel_subclass(schema):
+        return PydanticOutputParser(pydantic_object=schema)
+    return CompleteJsonParser()
+
+
+def _closed(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` on every object that lists its properties and
+    says nothing else (OpenAI's strict mode does the same): otherwise a small model may add keys
+    without end."""
+    if isinstance(schema, list):
+        return [_closed(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    closed = {key: _closed(value) for key, value in schema.items()}
+    if "properties" in closed and "additionalProperties" not in closed:
+        closed["additionalProperties"] = False
+    return closed
+
+
+def _response_format(schema: Any, method: str) -> dict[str, Any]:
+    if method == "json_mode":
+        return {"type": "json_object"}
+    if schema is None:
+        msg = "method='json_schema' needs a schema: a pydantic model, a TypedDict or a JSON schema"
+        raise ValueError(msg)
+    json_schema = _closed(convert_to_json_schema(schema))
+    name = json_schema.get("title", "output")
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": json_schema, "strict": True}}
+
+
+def structured_output(
+    llm: Runnable, schema: Any, *, method: str = "json_schema", include_raw: bool = False
+) -> Runnable:
+    """``llm`` (a ChatPolyKV) answering with JSON that follows ``schema``, parsed.
+
+    Raises:
+        ValueError: An unknown ``method``, or no schema for ``json_schema``.
+        GrammarError: The schema cannot be compiled into a grammar.
+    """
+    if method not in METHODS:
+        msg = f"method must be one of {', '.join(METHODS)}, got {method!r}" + (
+            "; function calling needs bind_tools, which this model does not support yet"
+            if method == "function_calling"
+            else ""
+        )
+        raise ValueError(msg)
+    response_format = _response_format(schema, method)
+    response_format_grammar(response_format)  # compile now: a bad schema fails at bind time
+    bound = llm.bind(
+        response_format=response_format,
+        ls_structured_output_format={"kwargs": {"method": method}, "schema": response_format.get("json_schema")},
+    )
+    parser = _parser(schema)
+    if not include_raw:
+        return bound | parser
+    parse = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
+    keep_raw = RunnablePassthrough.assign(parsed=lambda _: None)
+    return RunnableMap(raw=bound) | parse.with_fallbacks([keep_raw], exception_key="parsing_error")
+
+
+__all__ = ["METHODS", "GrammarError", "response_format_grammar", "structured_output"]

@@ -1,0 +1,159 @@
+"""Grammar-constrained decoding and with_structured_output, on tiny random models: whatever the model
+would say, the answer parses and validates."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated, Literal
+
+import pytest
+from langchain_core.exceptions import OutputParserException
+from langchain_core.messages import AIMessage
+from pydantic import BaseModel, ConfigDict, Field
+from tiny_models import tiny_llama
+from typing_extensions import TypedDict
+
+from polykv_agents import GenerationSettings, PooledAgent, SharedKVPool, load_model
+from polykv_agents.chat_model import ChatPolyKV
+from polykv_agents.grammar import GrammarError, json_schema_grammar
+
+DOC = "Shared caches let many agents read one document. Values use a rotated three-bit codebook. " * 4
+
+
+class Finding(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # additionalProperties: false, or keys could go on forever
+    # Bounded strings: a random model under temperature never closes an unbounded one within the budget.
+    title: str = Field(max_length=20)
+    severity: int = Field(ge=1, le=5)
+    tags: list[Annotated[str, Field(max_length=10)]] = Field(max_length=3)
+
+
+class FindingDict(TypedDict):
+    severity: Literal["low", "high"]
+    urgent: bool
+
+
+@pytest.fixture(scope="module")
+def sensitive():
+    """A tiny Llama whose greedy answers depend on the prompt, and a pool over DOC."""
+    from tiny_models import tiny_tokenizer
+
+    model, tokenizer = tiny_llama(seed=1, initializer_range=0.3), tiny_tokenizer()
+    return model, tokenizer, SharedKVPool.prefill(model, tokenizer, DOC)
+
+
+@pytest.fixture
+def chat(tiny_model_dir) -> ChatPolyKV:
+    model, tokenizer = load_model(tiny_model_dir)
+    return ChatPolyKV(model=tiny_model_dir, max_tokens=400).with_pool(SharedKVPool.prefill(model, tokenizer, DOC))
+
+
+@pytest.mark.parametrize("runtime", ["private", "decompressed"])
+@pytest.mark.parametrize("seed", range(4))
+def test_sampled_answers_under_a_schema_always_validate(sensitive, runtime, seed):
+    model, tokenizer, pool = sensitive
+    settings = GenerationSettings(
+        max_new_tokens=400, temperature=1.2, seed=seed, grammar=json_schema_grammar(Finding.model_json_schema())
+    )
+    ids = list(PooledAgent(pool, model, tokenizer, runtime=runtime).generate_ids("Report one finding.", settings))
+    Finding.model_validate_json(tokenizer.decode(ids))  # raises if the JSON or the schema is violated
+
+
+def test_constrained_and_free_agents_share_a_batch_without_changing_each_other(sensitive):
+    """Each row keeps its own grammar state; rows without one decode exactly as they do alone."""
+    model, tokenizer, pool = sensitive
+    grammar = json_schema_grammar(Finding.model_json_schema())
+    free = GenerationSettings(max_new_tokens=20)
+    constrained = GenerationSettings(max_new_tokens=400, grammar=grammar)
+    jobs = [(f"Role {i}.", free if i % 2 else constrained) for i in range(6)]
+
+    def run(job, runtime):
+        role, settings = job
+        return list(
+            PooledAgent(pool, model, tokenizer, system_prompt=role, runtime=runtime).generate_ids("Go.", settings)
+        )
+
+    alone = [run(job, "private") for job in jobs]
+    with ThreadPoolExecutor(len(jobs)) as executor:
+        together = list(executor.map(lambda job: run(job, "decompressed"), jobs))
+    assert together == alone
+    for (_, settings), ids in zip(jobs, together, strict=True):
+        if settings.grammar is not None:
+            Finding.model_validate_json(tokenizer.decode(ids))
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [Finding, FindingDict, Finding.model_json_schema()],
+    ids=["pydantic", "typeddict", "json-schema"],
+)
+def test_with_structured_output_returns_parsed_objects(chat, schema):
+    result = chat.with_structured_output(schema).invoke("Report one finding.")
+    if schema is Finding:
+        assert isinstance(result, Finding)
+    elif schema is FindingDict:
+        assert result["severity"] in ("low", "high") and isinstance(result["urgent"], bool)
+    else:
+        Finding.model_validate(result)
+
+
+def test_include_raw_returns_the_message_and_the_parsed_object(chat):
+    result = chat.with_structured_output(Finding, include_raw=True).invoke("Report one finding.")
+    assert isinstance(result["raw"], AIMessage)
+    assert result["parsing_error"] is None
+    assert result["parsed"] == Finding.model_validate_json(result["raw"].content)
+    assert result["raw"].response_metadata["finish_reason"] == "stop"  # the grammar ended the answer
+
+
+def test_json_mode_constrains_to_a_json_object(chat):
+    """Any JSON object is unbounded, and a random model never closes its first string: the answer is
+    the start of an object, cut by the budget (SmolLM2 completes it: tests/integration)."""
+    result = chat.with_structured_output(method="json_mode", include_raw=True).invoke("Anything, as JSON.")
+    if result["parsed"] is None:
+        assert result["raw"].content.startswith('{"')
+        assert result["raw"].response_metadata["finish_reason"] == "length"
+    else:
+        assert isinstance(result["parsed"], dict)
+
+
+def test_a_stop_sequence_inside_the_json_does_not_cut_it(chat):
+    """Stop sequences act on text; under a grammar the grammar decides the end, so '"' cannot cut a string."""
+    result = chat.with_structured_output(Finding).invoke("Report one finding.", stop=['"', "}"])
+    assert isinstance(result, Finding)
+
+
+@pytest.mark.parametrize("schema", [Finding, FindingDict], ids=["pydantic", "typeddict"])
+def test_an_answer_cut_by_max_tokens_is_a_parsing_error_not_a_partial_object(chat, schema):
+    short = chat.model_copy(update={"max_tokens": 3})
+    result = short.with_structured_output(schema, include_raw=True).invoke("Report one finding.")
+    assert result["parsed"] is None
+    assert isinstance(result["parsing_error"], OutputParserException)
+    assert result["raw"].response_metadata["finish_reason"] == "length"
+    with pytest.raises(OutputParserException):
+        short.with_structured_output(schema).invoke("Report one finding.")
+
+
+def test_a_schema_that_cannot_be_compiled_fails_at_bind_time(chat):
+    with pytest.raises(GrammarError, match="Invalid type: strng"):
+        chat.with_structured_output({"title": "x", "type": "object", "properties": {"a": {"type": "strng"}}})
+    with pytest.raises(GrammarError, match="does not exist"):
+        json_schema_grammar({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}})
+
+
+def test_unknown_methods_and_arguments_are_clear_errors(chat):
+    with pytest.raises(ValueError, match="bind_tools"):
+        chat.with_structured_output(Finding, method="function_calling")
+    with pytest.raises(ValueError, match="needs a schema"):
+        chat.with_structured_output(None)
+    with pytest.raises(ValueError, match="unsupported arguments"):
+        chat.with_structured_output(Finding, temperature=0.5)
+    with pytest.raises(GrammarError, match="response_format must be"):
+        chat.invoke("Go.", response_format={"type": "xml"})
+
+
+def test_the_grammar_is_plain_json_text(chat):
+    """What reaches the decode loop is a string: settings stay frozen, hashable and serializable."""
+    grammar = json_schema_grammar(Finding.model_json_schema())
+    assert json.loads(grammar)["grammars"]
+    assert hash(GenerationSettings(grammar=grammar))
