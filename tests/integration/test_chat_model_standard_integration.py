@@ -49,6 +49,9 @@ class TestChatPolyKVIntegration(ChatModelIntegrationTests):
 
     @property
     def has_structured_output(self) -> bool:
+        # with_structured_output works (tests/integration/test_structured_output_smollm.py); the standard
+        # structured-output tests still need a per-call token budget above this suite's 24 tokens, and
+        # xfails named for the 135M model's looping inside strings: the next step of the tool-calling work.
         return False
 
     @property

@@ -22,6 +22,8 @@ class TestChatPolyKVUnit(ChatModelUnitTests):
 
     @property
     def has_structured_output(self) -> bool:
+        # json_schema and json_mode work (tests/unit/test_structured_output.py); the standard test also asks
+        # for method="function_calling", which comes with bind_tools.
         return False
 
     @property
