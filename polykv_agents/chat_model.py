@@ -13,7 +13,9 @@ process-wide pool registry, so every role in a workflow shares one model and one
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+import json
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -23,6 +25,7 @@ from langchain_core.messages import AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
+from langchain_core.tools import BaseTool
 from pydantic import Field, PrivateAttr
 
 from polykv_agents.async_bridge import iterate_in_thread
@@ -35,6 +38,26 @@ from polykv_agents.models import DEFAULT_MODEL, load_model
 from polykv_agents.pool import SharedKVPool
 from polykv_agents.registry import POOL_REGISTRY
 from polykv_agents.structured_output import response_format_grammar, structured_output
+from polykv_agents.tools import format_tools, normalize_tool_choice, parse_tool_call, tool_call_grammar, tools_prompt
+
+
+@dataclass(frozen=True)
+class _BoundTools:
+    """What ``bind_tools`` put into a call's kwargs, ready for decoding."""
+
+    prompt: str | None
+    grammar: str | None
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> _BoundTools | None:
+        tools = kwargs.get("tools")
+        if not tools:
+            return None
+        formatted = format_tools(tools)
+        choice = normalize_tool_choice(kwargs.get("tool_choice"), formatted)
+        if choice == "none":
+            return cls(prompt=None, grammar=None)
+        return cls(prompt=tools_prompt(formatted, choice), grammar=tool_call_grammar(formatted, choice))
 
 
 class ChatPolyKV(BaseChatModel):
@@ -126,16 +149,46 @@ class ChatPolyKV(BaseChatModel):
 
     # ---------------------------------------------------------------- one call
 
-    def _settings(self, stop: list[str] | None, kwargs: dict[str, Any]) -> GenerationSettings:
+    def _settings(
+        self, stop: list[str] | None, kwargs: dict[str, Any], tools: _BoundTools | None
+    ) -> GenerationSettings:
         response_format = kwargs.get("response_format")
+        if response_format is not None and tools is not None and tools.grammar is not None:
+            msg = "pass either response_format or tools to one call, not both"
+            raise ValueError(msg)
+        grammar = tools.grammar if tools is not None else None
+        if response_format is not None:
+            grammar = response_format_grammar(response_format)
         return GenerationSettings(
             max_new_tokens=kwargs.get("max_tokens", self.max_tokens),
             temperature=kwargs.get("temperature", self.temperature),
             top_p=kwargs.get("top_p", self.top_p),
             seed=kwargs.get("seed", self.seed),
             stop=stop if stop is not None else self.stop,
-            grammar=None if response_format is None else response_format_grammar(response_format),
+            grammar=grammar,
         )
+
+    def bind_tools(
+        self, tools: Sequence[dict[str, Any] | type | Callable | BaseTool], *, tool_choice: Any = None, **kwargs: Any
+    ) -> Runnable:
+        """This model with ``tools`` (LangChain tools, functions, pydantic models or OpenAI tool dicts).
+
+        Tool calls are decoded under a grammar built from the tools' parameters, so they always parse,
+        and come back as ``AIMessage.tool_calls`` with ids; see :mod:`polykv_agents.tools`.
+
+        Args:
+            tools: The tools.
+            tool_choice: ``"auto"`` (default: answer or call), ``"any"``/``"required"`` (call one),
+                ``"none"`` (answer), or a tool's name (call that one).
+
+        Raises:
+            ValueError: An unknown ``tool_choice``.
+            GrammarError: A tool's parameters cannot be compiled (raised here, at bind time).
+        """
+        formatted = format_tools(tools)
+        choice = normalize_tool_choice(tool_choice, formatted)
+        tool_call_grammar(formatted, choice)  # compile now: bad parameters fail at bind time
+        return super().bind(tools=formatted, tool_choice=choice, **kwargs)
 
     def with_structured_output(
         self, schema: Any = None, *, method: str = "json_schema", include_raw: bool = False, **kwargs: Any
@@ -165,24 +218,50 @@ class ChatPolyKV(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        settings = self._settings(stop, kwargs)
+        tools = _BoundTools.from_kwargs(kwargs)
+        settings = self._settings(stop, kwargs, tools)
         model_name = kwargs.get("model", self.model)
         model, tokenizer = load_model(model_name, device=self.device)
+        turns = to_chat_messages(messages)
+        if tools is not None and tools.prompt is not None:
+            turns = [{"role": "system", "content": tools.prompt}, *turns]
         with contextlib.ExitStack() as lease:
             pool = None
             if self.pool is not None:
                 # Leased for the whole call: the registry's byte budget never evicts a pool in use.
                 pool = lease.enter_context(self._leased_pool(model, tokenizer))
-            prompt_ids = encode_prompt(tokenizer, to_chat_messages(messages), pool=pool)
+            prompt_ids = encode_prompt(tokenizer, turns, pool=pool)
             stats = GenerationStats(prompt_tokens=prompt_ids.numel(), cached_tokens=pool.num_tokens if pool else 0)
-            for piece in generate_text(
-                model, tokenizer, prompt_ids, settings, pool=pool, stats=stats, runtime=self.runtime
-            ):
+            pieces = generate_text(model, tokenizer, prompt_ids, settings, pool=pool, stats=stats, runtime=self.runtime)
+            # The first piece tells a tool call (sent whole, once complete) from text (streamed as it comes):
+            # under tools, the grammar lets plain text start with anything but "<".
+            call_text, first = "", True
+            for piece in pieces:
+                if tools is not None and (call_text or (first and piece.lstrip().startswith("<"))):
+                    call_text += piece
+                    continue
+                first = first and not piece.strip()
                 chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
                 if run_manager is not None:
                     run_manager.on_llm_new_token(piece, chunk=chunk)
                 yield chunk
-            yield self._final_chunk(stats, model_name, pool)
+            finish_reason = stats.finish_reason
+            if call_text:
+                chunk, finish_reason = self._tool_call_chunk(call_text, finish_reason)
+                yield chunk
+            yield self._final_chunk(stats, model_name, pool, finish_reason)
+
+    @staticmethod
+    def _tool_call_chunk(text: str, finish_reason: str | None) -> tuple[ChatGenerationChunk, str | None]:
+        """The decoded call as a tool-call chunk; a call cut short by max_tokens stays text."""
+        try:
+            call = parse_tool_call(text)
+        except ValueError:
+            return ChatGenerationChunk(message=AIMessageChunk(content=text)), finish_reason
+        if call is None:
+            return ChatGenerationChunk(message=AIMessageChunk(content=text)), finish_reason
+        call_chunk = {"name": call["name"], "args": json.dumps(call["args"]), "id": call["id"], "index": 0}
+        return ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[call_chunk])), "tool_calls"
 
     def _leased_pool(self, model, tokenizer) -> contextlib.AbstractContextManager[SharedKVPool]:
         """This call's pool, leased from the process-wide registry (so its budget never evicts it mid-call)."""
@@ -194,7 +273,9 @@ class ChatPolyKV(BaseChatModel):
         return POOL_REGISTRY.use(self.pool, model, tokenizer, document=self.pool_document)
 
     @staticmethod
-    def _final_chunk(stats: GenerationStats, model_name: str, pool: SharedKVPool | None) -> ChatGenerationChunk:
+    def _final_chunk(
+        stats: GenerationStats, model_name: str, pool: SharedKVPool | None, finish_reason: str | None
+    ) -> ChatGenerationChunk:
         """The one chunk that carries usage and response metadata."""
         usage = UsageMetadata(
             input_tokens=stats.cached_tokens + stats.prompt_tokens,
@@ -204,11 +285,11 @@ class ChatPolyKV(BaseChatModel):
         )
         metadata = {
             "model_name": model_name,
-            "finish_reason": stats.finish_reason,
+            "finish_reason": finish_reason,
             "pool_digest": pool.digest if pool is not None else None,
         }
         message = AIMessageChunk(content="", usage_metadata=usage, response_metadata=metadata, chunk_position="last")
-        return ChatGenerationChunk(message=message, generation_info={"finish_reason": stats.finish_reason})
+        return ChatGenerationChunk(message=message, generation_info={"finish_reason": finish_reason})
 
     def _generate(
         self,

@@ -1,8 +1,10 @@
 """LangChain messages -> the ``{"role", "content"}`` dicts that chat templates render.
 
 System, human, AI and tool messages map to the ``system``, ``user``, ``assistant`` and ``tool``
-roles; a ``ChatMessage`` keeps its own role. Only text content is supported: content blocks of
-other kinds, and message types that have no chat-template role, raise a clear error.
+roles; a ``ChatMessage`` keeps its own role. An ``AIMessage``'s tool calls are rendered after its
+text in the format the model was asked to call tools in (:mod:`polykv_agents.tools`). Only text
+content is supported: content blocks of other kinds, and message types that have no chat-template
+role, raise a clear error.
 """
 
 from __future__ import annotations
@@ -11,12 +13,17 @@ from collections.abc import Sequence
 
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
 
+from polykv_agents.tools import render_tool_calls
+
 _ROLES: tuple[tuple[type[BaseMessage], str], ...] = (
     (SystemMessage, "system"),
     (HumanMessage, "user"),
     (AIMessage, "assistant"),
     (ToolMessage, "tool"),
 )
+
+
+_TOOL_CALL_BLOCKS = ("tool_use", "tool_call", "function_call")
 
 
 def _text(message: BaseMessage) -> str:
@@ -27,6 +34,8 @@ def _text(message: BaseMessage) -> str:
     for block in content:
         if isinstance(block, str):
             parts.append(block)
+        elif isinstance(block, dict) and block.get("type") in _TOOL_CALL_BLOCKS:
+            continue  # a provider's copy of a tool call: rendered from message.tool_calls instead
         elif isinstance(block, dict) and block.get("type") == "text":
             parts.append(block.get("text", ""))
         else:
@@ -58,5 +67,8 @@ def to_chat_messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
                 "AIMessage, ToolMessage or ChatMessage"
             )
             raise TypeError(msg)
-        converted.append({"role": role, "content": _text(message)})
+        content = _text(message)
+        if isinstance(message, AIMessage) and message.tool_calls:  # the calls it made, as it wrote them
+            content += render_tool_calls(message.tool_calls)
+        converted.append({"role": role, "content": content})
     return converted

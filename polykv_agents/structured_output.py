@@ -9,7 +9,9 @@ Data flow:
   -> a parser: the pydantic model's own validation, or plain JSON for TypedDicts and dict schemas.
 
 ``json_mode`` constrains to any JSON object and parses it (with the schema's pydantic model, if one is
-given). ``include_raw=True`` returns ``{"raw", "parsed", "parsing_error"}`` as LangChain's models do.
+given). ``function_calling`` binds the schema as the one tool the model must call
+(:mod:`polykv_agents.tools`) and parses that call's arguments. ``include_raw=True`` returns
+``{"raw", "parsed", "parsing_error"}`` as LangChain's models do.
 """
 
 from __future__ import annotations
@@ -20,14 +22,18 @@ from operator import itemgetter
 from typing import Any
 
 from langchain_core.exceptions import OutputParserException
-from langchain_core.output_parsers import BaseOutputParser, PydanticOutputParser
-from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
-from langchain_core.utils.function_calling import convert_to_json_schema
+from langchain_core.messages import AIMessage
+from langchain_core.output_parsers import BaseOutputParser
+from langchain_core.output_parsers.openai_tools import JsonOutputKeyToolsParser, PydanticToolsParser
+from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, RunnablePassthrough
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import ValidationError as PydanticValidationError
+from pydantic.v1 import ValidationError as PydanticV1ValidationError
 
 from polykv_agents.grammar import ANY_JSON_OBJECT, GrammarError, json_schema_grammar
 
-METHODS = ("json_schema", "json_mode")
+METHODS = ("json_schema", "json_mode", "function_calling")
 
 
 def response_format_grammar(response_format: Mapping[str, Any]) -> str:
@@ -53,14 +59,28 @@ def response_format_grammar(response_format: Mapping[str, Any]) -> str:
 
 
 class CompleteJsonParser(BaseOutputParser[Any]):
-    """JSON text to Python, refusing an incomplete document: langchain-core's ``JsonOutputParser``
-    repairs truncated JSON into a partial object, which would hide an answer cut by ``max_tokens``."""
+    """JSON text to Python (validated by ``pydantic_object`` when given), refusing an incomplete document.
+
+    langchain-core's ``JsonOutputParser`` and ``PydanticOutputParser`` repair truncated JSON into a
+    partial object, which would pass an answer cut by ``max_tokens`` off as a complete one.
+    """
+
+    pydantic_object: Any = None
 
     def parse(self, text: str) -> Any:
         try:
-            return json.loads(text)
+            value = json.loads(text)
         except json.JSONDecodeError as e:
             msg = f"the answer is not complete JSON ({e}); if it was cut by max_tokens, raise max_tokens"
+            raise OutputParserException(msg, llm_output=text) from e
+        if self.pydantic_object is None:
+            return value
+        try:
+            if hasattr(self.pydantic_object, "model_validate"):
+                return self.pydantic_object.model_validate(value)
+            return self.pydantic_object.parse_obj(value)  # a pydantic.v1 model
+        except (PydanticValidationError, PydanticV1ValidationError) as e:
+            msg = f"the answer does not validate as {self.pydantic_object.__name__}: {e}"
             raise OutputParserException(msg, llm_output=text) from e
 
     @property
@@ -69,9 +89,15 @@ class CompleteJsonParser(BaseOutputParser[Any]):
 
 
 def _parser(schema: Any) -> BaseOutputParser:
-    if isinstance(schema, type) and is_basemodel_subclass(schema):
-        return PydanticOutputParser(pydantic_object=schema)
-    return CompleteJsonParser()
+    is_model = isinstance(schema, type) and is_basemodel_subclass(schema)
+    return CompleteJsonParser(pydantic_object=schema if is_model else None)
+
+
+def _require_tool_call(message: AIMessage) -> AIMessage:
+    if not message.tool_calls:
+        msg = "the answer holds no complete tool call; if it was cut by max_tokens, raise max_tokens"
+        raise OutputParserException(msg, llm_output=str(message.content))
+    return message
 
 
 def _closed(schema: Any) -> Any:
@@ -105,23 +131,42 @@ def structured_output(
     """``llm`` (a ChatPolyKV) answering with JSON that follows ``schema``, parsed.
 
     Raises:
-        ValueError: An unknown ``method``, or no schema for ``json_schema``.
+        ValueError: An unknown ``method``, or no schema for ``json_schema`` or ``function_calling``.
         GrammarError: The schema cannot be compiled into a grammar.
     """
     if method not in METHODS:
-        msg = f"method must be one of {', '.join(METHODS)}, got {method!r}" + (
-            "; function calling needs bind_tools, which this model does not support yet"
-            if method == "function_calling"
-            else ""
-        )
+        msg = f"method must be one of {', '.join(METHODS)}, got {method!r}"
         raise ValueError(msg)
+    if method == "function_calling":
+        return _function_calling(llm, schema, include_raw=include_raw)
     response_format = _response_format(schema, method)
     response_format_grammar(response_format)  # compile now: a bad schema fails at bind time
     bound = llm.bind(
         response_format=response_format,
         ls_structured_output_format={"kwargs": {"method": method}, "schema": response_format.get("json_schema")},
     )
-    parser = _parser(schema)
+    return _with_parser(bound, _parser(schema), include_raw=include_raw)
+
+
+def _function_calling(llm: Runnable, schema: Any, *, include_raw: bool) -> Runnable:
+    """The schema as the one tool the model must call; its arguments are the answer."""
+    if schema is None:
+        msg = "method='function_calling' needs a schema: a pydantic model, a TypedDict or a JSON schema"
+        raise ValueError(msg)
+    name = convert_to_openai_tool(schema)["function"]["name"]
+    bound = llm.bind_tools(
+        [schema],
+        tool_choice=name,
+        ls_structured_output_format={"kwargs": {"method": "function_calling"}, "schema": schema},
+    )
+    if isinstance(schema, type) and is_basemodel_subclass(schema):
+        parser: BaseOutputParser = PydanticToolsParser(tools=[schema], first_tool_only=True)
+    else:
+        parser = JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
+    return _with_parser(bound, RunnableLambda(_require_tool_call) | parser, include_raw=include_raw)
+
+
+def _with_parser(bound: Runnable, parser: Runnable, *, include_raw: bool) -> Runnable:
     if not include_raw:
         return bound | parser
     parse = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)

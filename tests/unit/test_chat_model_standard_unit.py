@@ -18,13 +18,19 @@ class TestChatPolyKVUnit(ChatModelUnitTests):
 
     @property
     def has_tool_calling(self) -> bool:
-        return False  # grammar-constrained tool calling comes with the structured-output work
+        return True  # grammar-constrained (polykv_agents/tools.py)
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return True
 
     @property
     def has_structured_output(self) -> bool:
-        # json_schema and json_mode work (tests/unit/test_structured_output.py); the standard test also asks
-        # for method="function_calling", which comes with bind_tools.
-        return False
+        return True  # json_schema, json_mode and function_calling, each under a grammar
+
+    @property
+    def supports_json_mode(self) -> bool:
+        return True
 
     @property
     def supported_usage_metadata_details(self) -> dict:

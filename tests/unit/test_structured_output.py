@@ -142,8 +142,8 @@ def test_a_schema_that_cannot_be_compiled_fails_at_bind_time(chat):
 
 
 def test_unknown_methods_and_arguments_are_clear_errors(chat):
-    with pytest.raises(ValueError, match="bind_tools"):
-        chat.with_structured_output(Finding, method="function_calling")
+    with pytest.raises(ValueError, match="method must be one of json_schema, json_mode, function_calling"):
+        chat.with_structured_output(Finding, method="xml")
     with pytest.raises(ValueError, match="needs a schema"):
         chat.with_structured_output(None)
     with pytest.raises(ValueError, match="unsupported arguments"):

@@ -1,0 +1,134 @@
+"""bind_tools on a tiny random checkpoint: whatever the model would say, a tool call parses, names a bound
+tool, validates against its parameters and carries an id; text and tool results render back."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from pydantic import BaseModel, Field
+
+from polykv_agents import SharedKVPool, load_model
+from polykv_agents.chat_model import ChatPolyKV, _BoundTools
+from polykv_agents.grammar import GrammarError
+from polykv_agents.messages import to_chat_messages
+from polykv_agents.tools import CALL_OPEN, format_tools, normalize_tool_choice
+
+DOC = "The register lists three risks: drought, ageing mains and workforce. " * 4
+
+
+class Add(BaseModel):
+    """Add two digits."""
+
+    a: int = Field(ge=0, le=9)
+    b: int = Field(ge=0, le=9)
+
+
+class Lookup(BaseModel):
+    """Look up the mitigation of a risk in the register."""
+
+    risk: Literal["drought", "mains", "workforce"]
+
+
+TOOLS = [Add, Lookup]
+ARGS = {"Add": Add, "Lookup": Lookup}
+
+
+@pytest.fixture(scope="module")
+def chat(tiny_model_dir) -> ChatPolyKV:
+    model, tokenizer = load_model(tiny_model_dir)
+    pool = SharedKVPool.prefill(model, tokenizer, DOC)
+    return ChatPolyKV(model=tiny_model_dir, max_tokens=80, temperature=1.0).with_pool(pool)
+
+
+def check_call(message: AIMessage, names=("Add", "Lookup")) -> None:
+    assert message.content == ""
+    assert len(message.tool_calls) == 1
+    call = message.tool_calls[0]
+    assert call["name"] in names and call["id"].startswith("call_")
+    ARGS[call["name"]].model_validate(call["args"])
+    assert message.response_metadata["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_required_tool_calls_always_parse_and_validate(chat, seed):
+    check_call(chat.bind_tools(TOOLS, tool_choice="any").invoke("Add 2 and 3.", seed=seed))
+
+
+@pytest.mark.parametrize("choice", ["Lookup", {"type": "function", "function": {"name": "Lookup"}}])
+def test_a_named_tool_choice_calls_that_tool(chat, choice):
+    check_call(chat.bind_tools(TOOLS, tool_choice=choice).invoke("Which risk is worst?", seed=1), names=("Lookup",))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_auto_gives_either_text_or_a_valid_call(chat, seed):
+    message = chat.bind_tools(TOOLS).invoke("Add 2 and 3, or just answer.", seed=seed)
+    if message.tool_calls:
+        check_call(message)
+    else:
+        assert not message.content.lstrip().startswith("<")
+
+
+def test_none_shows_no_tools_and_constrains_nothing(chat):
+    assert _BoundTools.from_kwargs({"tools": format_tools(TOOLS), "tool_choice": "none"}) == _BoundTools(None, None)
+    message = chat.bind_tools(TOOLS, tool_choice="none").invoke("Answer in words.", seed=0)
+    assert message.tool_calls == [] and isinstance(message.content, str)
+
+
+def test_streaming_sends_the_call_whole_never_as_text(chat):
+    chunks = list(chat.bind_tools(TOOLS, tool_choice="Add").stream("Add 2 and 3.", seed=3))
+    assert all(CALL_OPEN not in chunk.content for chunk in chunks)
+    full = chunks[0]
+    for chunk in chunks[1:]:
+        full += chunk
+    check_call(AIMessage(content=full.content, tool_calls=full.tool_calls, response_metadata=full.response_metadata))
+
+
+def test_a_call_cut_by_max_tokens_stays_text(chat):
+    message = chat.bind_tools(TOOLS, tool_choice="any").invoke("Add 2 and 3.", max_tokens=4)
+    assert message.tool_calls == []
+    assert message.content.startswith("<")
+    assert message.response_metadata["finish_reason"] == "length"
+
+
+def test_function_calling_structured_output_returns_the_tool_arguments(chat):
+    assert isinstance(chat.with_structured_output(Add, method="function_calling").invoke("Add 2 and 3."), Add)
+    raw = chat.with_structured_output(Lookup, method="function_calling", include_raw=True).invoke("Worst risk?")
+    assert isinstance(raw["parsed"], Lookup) and raw["raw"].tool_calls
+
+
+def test_earlier_calls_and_their_results_render_back_into_the_conversation():
+    call = {"name": "Add", "args": {"a": 2, "b": 3}, "id": "call_1", "type": "tool_call"}
+    turns = to_chat_messages(
+        [HumanMessage("Add 2 and 3."), AIMessage("", tool_calls=[call]), ToolMessage("5", tool_call_id="call_1")]
+    )
+    assert turns[1] == {
+        "role": "assistant",
+        "content": '<tool_call>{"name": "Add", "arguments": {"a": 2, "b": 3}}</tool_call>',
+    }
+    assert turns[2] == {"role": "tool", "content": "5"}
+
+
+def test_tool_choice_spellings_and_bad_choices():
+    tools = format_tools(TOOLS)
+    assert [normalize_tool_choice(c, tools) for c in (None, "auto", "any", "required", True, "none", "Add")] == [
+        "auto", "auto", "required", "required", "required", "none", "Add"
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match=r"one of the tools \['Add', 'Lookup'\]"):
+        normalize_tool_choice("Multiply", tools)
+
+
+def test_tool_parameters_that_cannot_be_compiled_fail_at_bind_time(chat):
+    broken = {
+        "type": "function",
+        "function": {
+            "name": "broken",
+            "description": "x",
+            "parameters": {"type": "object", "properties": {"x": {"$ref": "#/nowhere"}}},
+        },
+    }
+    with pytest.raises(GrammarError, match="cannot be compiled"):
+        chat.bind_tools([broken], tool_choice="any")
+    with pytest.raises(ValueError, match="not both"):
+        chat.bind_tools(TOOLS, tool_choice="any").invoke("Go.", response_format={"type": "json_object"})
