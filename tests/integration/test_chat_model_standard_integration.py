@@ -131,5 +131,6 @@ class TestChatPolyKVIntegration(ChatModelIntegrationTests):
         reason="with tool_choice='auto', SmolLM2-135M answers the weather question in text instead of calling the tool",
         strict=False,
     )
+    @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)  # as the base test does
     def test_agent_loop(self, model) -> None:
         super().test_agent_loop(model)
