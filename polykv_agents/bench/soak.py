@@ -12,6 +12,7 @@ kernels and the registry's budget fill up during the warm-up) to the last sample
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 import warnings
@@ -42,7 +43,9 @@ def live_tensors() -> tuple[int, int]:
         for obj in gc.get_objects():
             if isinstance(obj, torch.Tensor):
                 count += 1
-                nbytes += obj.nbytes if not obj.is_meta else 0
+                # A symbolic-shape tensor (left by torch.compile tracing) has no storage and no nbytes.
+                with contextlib.suppress(RuntimeError):
+                    nbytes += obj.nbytes if not obj.is_meta else 0
     return count, nbytes
 
 
