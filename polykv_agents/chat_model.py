@@ -47,6 +47,7 @@ class _BoundTools:
 
     prompt: str | None
     grammar: str | None
+    names: tuple[str, ...] = ()
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> _BoundTools | None:
@@ -57,7 +58,8 @@ class _BoundTools:
         choice = normalize_tool_choice(kwargs.get("tool_choice"), formatted)
         if choice == "none":
             return cls(prompt=None, grammar=None)
-        return cls(prompt=tools_prompt(formatted, choice), grammar=tool_call_grammar(formatted, choice))
+        names = tuple(spec["function"]["name"] for spec in formatted)
+        return cls(tools_prompt(formatted, choice), tool_call_grammar(formatted, choice), names)
 
 
 class ChatPolyKV(BaseChatModel):
@@ -185,9 +187,11 @@ class ChatPolyKV(BaseChatModel):
             ValueError: An unknown ``tool_choice``.
             GrammarError: A tool's parameters cannot be compiled (raised here, at bind time).
         """
+        if not tools:
+            return super().bind(**kwargs)
         formatted = format_tools(tools)
         choice = normalize_tool_choice(tool_choice, formatted)
-        tool_call_grammar(formatted, choice)  # compile now: bad parameters fail at bind time
+        tool_call_grammar(formatted, choice)  # check now: bad parameters fail at bind time
         return super().bind(tools=formatted, tool_choice=choice, **kwargs)
 
     def with_structured_output(
@@ -235,30 +239,33 @@ class ChatPolyKV(BaseChatModel):
             pieces = generate_text(model, tokenizer, prompt_ids, settings, pool=pool, stats=stats, runtime=self.runtime)
             # The first piece tells a tool call (sent whole, once complete) from text (streamed as it comes):
             # under tools, the grammar lets plain text start with anything but "<".
-            call_text, first = "", True
+            call_text, first, calling = "", True, tools is not None and tools.grammar is not None
             for piece in pieces:
-                if tools is not None and (call_text or (first and piece.lstrip().startswith("<"))):
+                if calling and (call_text or (first and piece.startswith("<"))):
                     call_text += piece
                     continue
-                first = first and not piece.strip()
+                first = False
                 chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
                 if run_manager is not None:
                     run_manager.on_llm_new_token(piece, chunk=chunk)
                 yield chunk
             finish_reason = stats.finish_reason
             if call_text:
-                chunk, finish_reason = self._tool_call_chunk(call_text, finish_reason)
+                chunk, finish_reason = self._tool_call_chunk(call_text, finish_reason, tools.names)
                 yield chunk
             yield self._final_chunk(stats, model_name, pool, finish_reason)
 
     @staticmethod
-    def _tool_call_chunk(text: str, finish_reason: str | None) -> tuple[ChatGenerationChunk, str | None]:
-        """The decoded call as a tool-call chunk; a call cut short by max_tokens stays text."""
+    def _tool_call_chunk(
+        text: str, finish_reason: str | None, names: tuple[str, ...]
+    ) -> tuple[ChatGenerationChunk, str | None]:
+        """The decoded call as a tool-call chunk; a call cut short by max_tokens (or, defensively, to a
+        tool that is not bound) stays text."""
         try:
             call = parse_tool_call(text)
         except ValueError:
             return ChatGenerationChunk(message=AIMessageChunk(content=text)), finish_reason
-        if call is None:
+        if call is None or call["name"] not in names:
             return ChatGenerationChunk(message=AIMessageChunk(content=text)), finish_reason
         call_chunk = {"name": call["name"], "args": json.dumps(call["args"]), "id": call["id"], "index": 0}
         return ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[call_chunk])), "tool_calls"

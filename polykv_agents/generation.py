@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.grammar import TokenConstraint
@@ -47,6 +47,13 @@ class GenerationSettings(BaseModel):
         if isinstance(value, str):
             return (value,)
         return value
+
+    @model_validator(mode="after")
+    def _grammar_ends_the_answer(self) -> GenerationSettings:
+        if self.grammar is not None and self.ignore_eos:
+            msg = "ignore_eos cannot be combined with a grammar: the grammar decides where the answer ends"
+            raise ValueError(msg)
+        return self
 
     @field_validator("stop")
     @classmethod

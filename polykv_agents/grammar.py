@@ -3,14 +3,15 @@ parses (a JSON schema, a tool call).
 
 The engine is llguidance (the grammar library behind vLLM's and SGLang's ``guidance`` backends and
 llama.cpp's): a 3 MB wheel with no dependencies, that computes a token mask from a JSON schema or a
-Lark grammar in about 0.2 ms per token for SmolLM2's 49k vocabulary on this CPU. xgrammar was the
+Lark grammar in 0.3–0.8 ms per token for SmolLM2's 49k vocabulary on this CPU
+(benchmarks/results/grammar_overhead.json). xgrammar was the
 other candidate; on Linux it requires triton (a 286 MB wheel), which a CPU laptop install should not
 pay for.
 
 Data flow of one constrained call:
   JSON schema -> :func:`json_schema_grammar` (checked at bind time: a schema that cannot be compiled
-  is a :class:`GrammarError` then, not mid-generation) -> ``GenerationSettings.grammar`` (a string,
-  so settings stay frozen and serializable)
+  is a :class:`GrammarError` then, not mid-generation; each call compiles it again, about 1 ms)
+  -> ``GenerationSettings.grammar`` (a string, so settings stay frozen and serializable)
   -> per call, a :class:`TokenConstraint` (one llguidance matcher: the call's own grammar state)
   -> each step: ``mask_(logits)`` sets disallowed tokens to -inf before the token is chosen,
      ``advance(token)`` moves the grammar on; ``finished`` once the grammar allows nothing more.
@@ -74,6 +75,33 @@ def _ll_tokenizer(tokenizer: PreTrainedTokenizerBase, vocab_size: int, eos_ids: 
         return cached[key]
 
 
+_BIT_SHIFTS = torch.arange(32, dtype=torch.int32)
+
+
+def closed_schema(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` on every object schema that lists its properties
+    and says nothing about others (as OpenAI's strict mode does): otherwise a small model may add keys
+    without end. Only schema positions are visited (property schemas, items, anyOf/oneOf, $defs), never
+    data such as defaults or enum values; ``allOf`` members are left open, since closing each one would
+    make their combination unsatisfiable."""
+    if not isinstance(schema, dict):
+        return schema
+    closed = dict(schema)
+    if isinstance(closed.get("properties"), dict):
+        closed["properties"] = {name: closed_schema(sub) for name, sub in closed["properties"].items()}
+        closed.setdefault("additionalProperties", False)
+    for key in ("items", "additionalProperties", "not", "contains"):
+        if isinstance(closed.get(key), dict):
+            closed[key] = closed_schema(closed[key])
+    for key in ("anyOf", "oneOf", "prefixItems"):
+        if isinstance(closed.get(key), list):
+            closed[key] = [closed_schema(sub) for sub in closed[key]]
+    for key in ("$defs", "definitions"):
+        if isinstance(closed.get(key), dict):
+            closed[key] = {name: closed_schema(sub) for name, sub in closed[key].items()}
+    return closed
+
+
 class TokenConstraint:
     """One call's grammar state over a model's logits.
 
@@ -89,7 +117,9 @@ class TokenConstraint:
     ) -> None:
         self._matcher = llguidance.LLMatcher(_ll_tokenizer(tokenizer, vocab_size, eos_ids), grammar, log_level=0)
         self._check()
-        self._bitmask = llguidance.torch.allocate_token_bitmask(1, vocab_size)  # [1, ceil(V / 32)] int32
+        self._vocab_size = vocab_size
+        words = (vocab_size + 31) // 32
+        self._bitmask = torch.full((1, words), -1, dtype=torch.int32)  # [1, ceil(V / 32)], bit set = allowed
 
     def _check(self) -> None:
         if self._matcher.is_error():
@@ -97,16 +127,18 @@ class TokenConstraint:
             raise GrammarError(msg)
 
     def mask_(self, logits: torch.Tensor) -> torch.Tensor:
-        """Set the logits ``[vocab]`` of every token the grammar does not allow next to -inf, in place."""
+        """Set the logits ``[vocab]`` of every token the grammar does not allow next to -inf, in place.
+
+        The bits are unpacked here rather than with llguidance's torch helper, which is a
+        ``torch.compile`` kernel: that would need a C++ compiler at run time and refuses bf16 or CUDA
+        inference tensors.
+        """
         llguidance.torch.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
         self._check()
-        row = logits.view(1, -1)
-        if row.device.type != "cpu" or row.dtype != torch.float32:
-            masked = row.float().cpu()
-            llguidance.torch.apply_token_bitmask_inplace(masked, self._bitmask)
-            row.copy_(masked)
-        else:
-            llguidance.torch.apply_token_bitmask_inplace(row, self._bitmask)
+        bits = (self._bitmask[0].unsqueeze(-1) >> _BIT_SHIFTS) & 1  # [words, 32]
+        allowed = bits.flatten()[: self._vocab_size].bool().to(logits.device)  # [V]
+        with torch.inference_mode():  # the logits are inference tensors of the forward pass
+            logits.masked_fill_(~allowed, float("-inf"))
         return logits
 
     def advance(self, token: int) -> None:

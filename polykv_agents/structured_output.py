@@ -2,8 +2,8 @@
 
 Data flow:
   pydantic model / TypedDict / JSON schema -> JSON schema (langchain-core's converter)
-  -> compiled once at bind time (:func:`polykv_agents.grammar.json_schema_grammar`: a schema that
-     cannot be compiled is an error here, not mid-generation)
+  -> checked at bind time (:func:`polykv_agents.grammar.json_schema_grammar`: a schema that cannot
+     be compiled is an error here, not mid-generation)
   -> the chat model bound with ``response_format={"type": "json_schema", ...}``; each call decodes
      under the grammar (:class:`polykv_agents.grammar.TokenConstraint`)
   -> a parser: the pydantic model's own validation, or plain JSON for TypedDicts and dict schemas.
@@ -31,7 +31,7 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ValidationError as PydanticValidationError
 from pydantic.v1 import ValidationError as PydanticV1ValidationError
 
-from polykv_agents.grammar import ANY_JSON_OBJECT, GrammarError, json_schema_grammar
+from polykv_agents.grammar import ANY_JSON_OBJECT, GrammarError, closed_schema, json_schema_grammar
 
 METHODS = ("json_schema", "json_mode", "function_calling")
 
@@ -100,28 +100,14 @@ def _require_tool_call(message: AIMessage) -> AIMessage:
     return message
 
 
-def _closed(schema: Any) -> Any:
-    """``schema`` with ``additionalProperties: false`` on every object that lists its properties and
-    says nothing else (OpenAI's strict mode does the same): otherwise a small model may add keys
-    without end."""
-    if isinstance(schema, list):
-        return [_closed(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    closed = {key: _closed(value) for key, value in schema.items()}
-    if "properties" in closed and "additionalProperties" not in closed:
-        closed["additionalProperties"] = False
-    return closed
-
-
 def _response_format(schema: Any, method: str) -> dict[str, Any]:
     if method == "json_mode":
         return {"type": "json_object"}
     if schema is None:
         msg = "method='json_schema' needs a schema: a pydantic model, a TypedDict or a JSON schema"
         raise ValueError(msg)
-    json_schema = _closed(convert_to_json_schema(schema))
-    name = json_schema.get("title", "output")
+    json_schema = closed_schema(convert_to_json_schema(schema))
+    name = json_schema["title"]  # convert_to_json_schema refuses a schema without one
     return {"type": "json_schema", "json_schema": {"name": name, "schema": json_schema, "strict": True}}
 
 
@@ -143,7 +129,7 @@ def structured_output(
     response_format_grammar(response_format)  # compile now: a bad schema fails at bind time
     bound = llm.bind(
         response_format=response_format,
-        ls_structured_output_format={"kwargs": {"method": method}, "schema": response_format.get("json_schema")},
+        ls_structured_output_format={"kwargs": {"method": method}, "schema": schema},
     )
     return _with_parser(bound, _parser(schema), include_raw=include_raw)
 

@@ -27,7 +27,7 @@ from typing import Any
 import llguidance
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from polykv_agents.grammar import GrammarError
+from polykv_agents.grammar import GrammarError, closed_schema
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
@@ -62,7 +62,7 @@ def normalize_tool_choice(tool_choice: Any, tools: Sequence[Mapping[str, Any]]) 
 
 def _call_schema(spec: Mapping[str, Any]) -> dict[str, Any]:
     function = spec["function"]
-    parameters = dict(function.get("parameters") or {"type": "object", "properties": {}})
+    parameters = closed_schema(dict(function.get("parameters") or {"type": "object", "properties": {}}))
     parameters.setdefault("additionalProperties", False)
     return {
         "type": "object",
@@ -87,8 +87,8 @@ def tool_call_grammar(tools: Sequence[Mapping[str, Any]], choice: str) -> str | 
     # a small model would otherwise spend its tokens on newlines and indentation.
     schema["x-guidance"] = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
     call = f"call: {json.dumps(CALL_OPEN)} %json {json.dumps(schema)} {json.dumps(CALL_CLOSE)}"
-    # auto: plain text may not start with "<", so the first token tells a call from an answer.
-    start = "start: TEXT | call\nTEXT: /[^<](.|\\n)*/" if choice == "auto" else "start: call"
+    # auto: plain text may start with neither "<" nor whitespace, so the first token tells a call from an answer.
+    start = "start: TEXT | call\nTEXT: /[^<\\s](.|\\n)*/" if choice == "auto" else "start: call"
     grammar = llguidance.LLMatcher.grammar_from_lark(f"{start}\n{call}\n")
     problem = llguidance.LLMatcher.validate_grammar(grammar)
     if problem:

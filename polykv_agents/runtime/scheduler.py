@@ -34,7 +34,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.generation import GenerationSettings, GenerationStats, eos_token_ids, next_token, token_constraint
-from polykv_agents.grammar import GrammarError, TokenConstraint
+from polykv_agents.grammar import TokenConstraint
 from polykv_agents.pool import SharedKVPool
 from polykv_agents.runtime.cascade_attention import CascadeContext, enable_cascade_attention
 from polykv_agents.runtime.shared_prefix import Residency, SharedPrefix
@@ -76,7 +76,7 @@ class BatchScheduler:
 
     Args:
         model: The model (switched to cascade attention; ordinary calls keep its own attention).
-        tokenizer: Its tokenizer (for EOS ids).
+        tokenizer: Its tokenizer (for EOS ids and grammars).
         pool: The shared document pool.
         residency: Whether the prefix is kept decoded (fast) or compressed (smallest).
         max_batch_size: Rows decoded together; further requests wait for a free row.
@@ -117,9 +117,19 @@ class BatchScheduler:
 
     # ---------------------------------------------------------------- client side
 
-    def submit(self, prompt_ids: torch.Tensor, settings: GenerationSettings, stats: GenerationStats, budget: int):
-        """Queue a request; returns an iterator of its token ids. Closing the iterator cancels it."""
-        constraint = token_constraint(self.model, self._tokenizer, settings)  # a bad grammar fails here, in the caller
+    def submit(
+        self,
+        prompt_ids: torch.Tensor,
+        settings: GenerationSettings,
+        stats: GenerationStats,
+        budget: int,
+        constraint: TokenConstraint | None = None,
+    ):
+        """Queue a request; returns an iterator of its token ids. Closing the iterator cancels it.
+
+        ``constraint`` is the request's grammar state (:func:`polykv_agents.generation.token_constraint`),
+        built by the caller, outside any lock: compiling a grammar can take a while.
+        """
         request = _Request(prompt_ids, settings, budget, stats, settings.make_generator(), constraint)
         with self._wake:
             if self._closed:
@@ -204,7 +214,7 @@ class BatchScheduler:
                 return
             if request.constraint is not None:
                 request.constraint.advance(token)
-        except GrammarError as e:
+        except Exception as e:  # this request's grammar (or sampling) failed: only this row ends
             request.fail(e)
             return
         request.produced += 1
@@ -358,8 +368,9 @@ def submit(
 ) -> Iterator[int]:
     """Queue a request on the pool's scheduler; returns its token ids. Under the registry lock, so the
     scheduler cannot retire between being looked up and receiving the request."""
+    constraint = token_constraint(model, tokenizer, settings)  # outside the lock; a bad grammar fails here
     with _SCHEDULERS_LOCK:
-        return _registered(model, tokenizer, pool, residency).submit(prompt_ids, settings, stats, budget)
+        return _registered(model, tokenizer, pool, residency).submit(prompt_ids, settings, stats, budget, constraint)
 
 
 def live_scheduler_count() -> int:

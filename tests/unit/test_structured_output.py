@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Literal
 
 import pytest
+import torch
 from langchain_core.exceptions import OutputParserException
 from langchain_core.messages import AIMessage
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,7 +17,7 @@ from typing_extensions import TypedDict
 
 from polykv_agents import GenerationSettings, PooledAgent, SharedKVPool, load_model
 from polykv_agents.chat_model import ChatPolyKV
-from polykv_agents.grammar import GrammarError, json_schema_grammar
+from polykv_agents.grammar import GrammarError, TokenConstraint, closed_schema, json_schema_grammar
 
 DOC = "Shared caches let many agents read one document. Values use a rotated three-bit codebook. " * 4
 
@@ -157,3 +158,64 @@ def test_the_grammar_is_plain_json_text(chat):
     grammar = json_schema_grammar(Finding.model_json_schema())
     assert json.loads(grammar)["grammars"]
     assert hash(GenerationSettings(grammar=grammar))
+
+
+@pytest.mark.parametrize("runtime", ["private", "decompressed"])
+def test_masking_works_on_bf16_inference_logits(runtime, tiny_tok):
+    """The mask is applied in place to the forward pass's inference tensors, in the model's dtype."""
+    model = tiny_llama(seed=1, initializer_range=0.3).to(torch.bfloat16)
+    pool = SharedKVPool.prefill(model, tiny_tok, DOC)
+    settings = GenerationSettings(max_new_tokens=400, grammar=json_schema_grammar(Finding.model_json_schema()))
+    ids = list(PooledAgent(pool, model, tiny_tok, runtime=runtime).generate_ids("Report one finding.", settings))
+    Finding.model_validate_json(tiny_tok.decode(ids))
+
+
+def test_a_failing_grammar_ends_only_its_own_row(sensitive, monkeypatch):
+    """Any failure inside one request's grammar reaches that caller; the rows beside it decode on."""
+    model, tokenizer, pool = sensitive
+    free = GenerationSettings(max_new_tokens=20)
+    alone = [
+        list(
+            PooledAgent(pool, model, tokenizer, system_prompt=f"Role {i}.", runtime="private").generate_ids("Go.", free)
+        )
+        for i in range(3)
+    ]
+
+    def broken(self, token):
+        raise RuntimeError("grammar engine failure")
+
+    monkeypatch.setattr(TokenConstraint, "advance", broken)
+    constrained = GenerationSettings(max_new_tokens=50, grammar=json_schema_grammar(Finding.model_json_schema()))
+
+    def run(i):
+        agent = PooledAgent(pool, model, tokenizer, system_prompt=f"Role {i}.")
+        if i == 3:
+            with pytest.raises(RuntimeError, match="grammar engine failure"):
+                list(agent.generate_ids("Go.", constrained))
+            return None
+        return list(agent.generate_ids("Go.", free))
+
+    with ThreadPoolExecutor(4) as executor:
+        results = list(executor.map(run, range(4)))
+    assert results[:3] == alone
+
+
+def test_ignore_eos_and_a_grammar_cannot_be_combined():
+    with pytest.raises(ValueError, match="ignore_eos cannot be combined with a grammar"):
+        GenerationSettings(ignore_eos=True, grammar=json_schema_grammar({"type": "object"}))
+
+
+def test_closing_objects_touches_only_schema_positions():
+    schema = {
+        "type": "object",
+        "properties": {"properties": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+        "default": {"properties": 1},
+        "allOf": [{"properties": {"a": {"type": "integer"}}}, {"properties": {"b": {"type": "integer"}}}],
+    }
+    closed = closed_schema(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["properties"]["additionalProperties"] is False  # a property named "properties"
+    assert "additionalProperties" not in closed["properties"]  # the mapping of properties is not a schema
+    assert closed["default"] == {"properties": 1}  # data, not schema
+    assert closed["allOf"] == schema["allOf"]  # closing each member would make the combination unsatisfiable
+    json_schema_grammar(closed)

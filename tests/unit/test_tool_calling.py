@@ -11,9 +11,9 @@ from pydantic import BaseModel, Field
 
 from polykv_agents import SharedKVPool, load_model
 from polykv_agents.chat_model import ChatPolyKV, _BoundTools
-from polykv_agents.grammar import GrammarError
+from polykv_agents.grammar import GrammarError, TokenConstraint
 from polykv_agents.messages import to_chat_messages
-from polykv_agents.tools import CALL_OPEN, format_tools, normalize_tool_choice
+from polykv_agents.tools import CALL_OPEN, format_tools, normalize_tool_choice, tool_call_grammar
 
 DOC = "The register lists three risks: drought, ageing mains and workforce. " * 4
 
@@ -132,3 +132,17 @@ def test_tool_parameters_that_cannot_be_compiled_fail_at_bind_time(chat):
         chat.bind_tools([broken], tool_choice="any")
     with pytest.raises(ValueError, match="not both"):
         chat.bind_tools(TOOLS, tool_choice="any").invoke("Go.", response_format={"type": "json_object"})
+
+
+def test_auto_text_may_not_start_with_whitespace_so_the_first_token_decides(tiny_tok):
+    """Otherwise a newline first would let an unchecked '<tool_call>' follow as free text."""
+    grammar = tool_call_grammar(format_tools(TOOLS), "auto")
+    space = tiny_tok(" ", add_special_tokens=False).input_ids[0]
+    constraint = TokenConstraint(grammar, tiny_tok, 320, [2])
+    with pytest.raises(GrammarError):
+        constraint.advance(space)
+
+
+def test_empty_tools_bind_nothing(chat):
+    message = chat.bind_tools([]).invoke("Go.", max_tokens=5)
+    assert message.tool_calls == []
