@@ -20,7 +20,7 @@ from transformers.cache_utils import Cache
 
 from polykv_agents.compat import forward_with_cache, new_dynamic_cache
 from polykv_agents.documents import max_positions
-from polykv_agents.generation import GenerationSettings, GenerationStats, eos_token_ids, next_token, token_constraint
+from polykv_agents.generation import GenerationSettings, GenerationStats, choose_token, eos_token_ids, token_constraint
 from polykv_agents.pool import SharedKVPool
 from polykv_agents.prompts import Message, render_continuation, render_prompt
 from polykv_agents.runtime import scheduler
@@ -84,15 +84,11 @@ def _private_cache_tokens(
     logits = _forward_last(model, prompt_ids, cache, start)
     position = start + prompt_ids.numel()
     for step in range(budget):
-        token = next_token(logits, settings, generator, constraint)
-        if token in eos_ids and not settings.ignore_eos:
-            stats.finish_reason = "stop"
-            return
-        if constraint is not None:
-            constraint.advance(token)
-        yield token
-        if constraint is not None and constraint.finished:
-            stats.finish_reason = "stop"
+        token, reason = choose_token(logits, settings, generator, constraint, eos_ids)
+        if token is not None:
+            yield token
+        if reason is not None:
+            stats.finish_reason = reason
             return
         if step + 1 < budget:
             logits = _forward_last(model, torch.tensor([token]), cache, position)

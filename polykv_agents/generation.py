@@ -130,3 +130,23 @@ def token_constraint(
         return None
     vocab_size = model.config.get_text_config(decoder=True).vocab_size
     return TokenConstraint(settings.grammar, tokenizer, vocab_size, eos_token_ids(model, tokenizer))
+
+
+def choose_token(
+    logits: torch.Tensor,
+    settings: GenerationSettings,
+    generator: torch.Generator | None,
+    constraint: TokenConstraint | None,
+    eos_ids: frozenset[int],
+) -> tuple[int | None, Literal["stop"] | None]:
+    """One decode step's outcome, shared by the batched scheduler and the private loop:
+    ``(token to deliver or None, "stop" when the answer ends here or None)``. EOS ends the answer
+    (unless ignored) and is not delivered; a grammar that is complete ends it after its last token."""
+    token = next_token(logits, settings, generator, constraint)
+    if token in eos_ids and not settings.ignore_eos:
+        return None, "stop"
+    if constraint is not None:
+        constraint.advance(token)
+        if constraint.finished:
+            return token, "stop"
+    return token, None

@@ -33,7 +33,13 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from polykv_agents.generation import GenerationSettings, GenerationStats, eos_token_ids, next_token, token_constraint
+from polykv_agents.generation import (
+    GenerationSettings,
+    GenerationStats,
+    choose_token,
+    eos_token_ids,
+    token_constraint,
+)
 from polykv_agents.grammar import TokenConstraint
 from polykv_agents.pool import SharedKVPool
 from polykv_agents.runtime.cascade_attention import CascadeContext, enable_cascade_attention
@@ -208,20 +214,16 @@ class BatchScheduler:
     def _emit(self, request: _Request, logits: torch.Tensor) -> None:
         """Sample one token for ``request`` and deliver it, or finish the request."""
         try:
-            token = next_token(logits, request.settings, request.generator, request.constraint)
-            if token in self._eos_ids and not request.settings.ignore_eos:
-                request.finish("stop")
-                return
-            if request.constraint is not None:
-                request.constraint.advance(token)
+            token, reason = choose_token(logits, request.settings, request.generator, request.constraint, self._eos_ids)
         except Exception as e:  # this request's grammar (or sampling) failed: only this row ends
             request.fail(e)
             return
-        request.produced += 1
-        request.last_token = token
-        request.out.put(token)
-        if request.constraint is not None and request.constraint.finished:
-            request.finish("stop")
+        if token is not None:
+            request.produced += 1
+            request.last_token = token
+            request.out.put(token)
+        if reason is not None:
+            request.finish(reason)
         elif request.produced >= request.budget:
             request.finish("length")
 
