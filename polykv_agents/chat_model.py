@@ -38,28 +38,63 @@ from polykv_agents.models import DEFAULT_MODEL, load_model
 from polykv_agents.pool import SharedKVPool
 from polykv_agents.registry import POOL_REGISTRY
 from polykv_agents.structured_output import response_format_grammar, structured_output
-from polykv_agents.tools import format_tools, normalize_tool_choice, parse_tool_call, tool_call_grammar, tools_prompt
+from polykv_agents.tool_prompts import ToolsShown
+from polykv_agents.tools import (
+    CALL_OPEN,
+    format_tools,
+    normalize_tool_choice,
+    parse_tool_calls,
+    tool_call_grammar,
+    tools_prompt,
+)
 
 
 @dataclass(frozen=True)
 class _BoundTools:
     """What ``bind_tools`` put into a call's kwargs, ready for decoding."""
 
-    prompt: str | None
+    shown: ToolsShown | None
+    """The tools the model is shown (``None`` for ``tool_choice="none"``)."""
     grammar: str | None
+    """The grammar of the call's answer (``None`` for ``tool_choice="none"``)."""
+    free_text: bool = False
+    """Whether the answer may be plain text instead of calls (``tool_choice="auto"``)."""
     names: tuple[str, ...] = ()
 
     @classmethod
-    def from_kwargs(cls, kwargs: dict[str, Any]) -> _BoundTools | None:
+    def from_kwargs(cls, kwargs: dict[str, Any], *, parallel_default: bool) -> _BoundTools | None:
         tools = kwargs.get("tools")
         if not tools:
             return None
         formatted = format_tools(tools)
         choice = normalize_tool_choice(kwargs.get("tool_choice"), formatted)
         if choice == "none":
-            return cls(prompt=None, grammar=None)
-        names = tuple(spec["function"]["name"] for spec in formatted)
-        return cls(tools_prompt(formatted, choice), tool_call_grammar(formatted, choice), names)
+            return cls(shown=None, grammar=None)
+        parallel = bool(kwargs.get("parallel_tool_calls", parallel_default))
+        return cls(
+            shown=ToolsShown(tuple(formatted), tools_prompt(formatted, choice, parallel=parallel)),
+            grammar=tool_call_grammar(formatted, choice, parallel=parallel),
+            free_text=choice == "auto",
+            names=tuple(spec["function"]["name"] for spec in formatted),
+        )
+
+
+def _tool_calls_chunk(
+    text: str, finish_reason: str | None, names: tuple[str, ...]
+) -> tuple[ChatGenerationChunk, str | None]:
+    """The decoded calls as one tool-call chunk. A call that max_tokens cut short after complete ones is
+    dropped (the finish reason stays ``length``); an answer without one complete call (or, defensively,
+    one calling a tool that is not bound) stays text."""
+    parsed = parse_tool_calls(text)
+    calls, cut = parsed if parsed is not None else ([], "")
+    if not calls or any(call["name"] not in names for call in calls):
+        return ChatGenerationChunk(message=AIMessageChunk(content=text)), finish_reason
+    call_chunks = [
+        {"name": call["name"], "args": json.dumps(call["args"]), "id": call["id"], "index": index}
+        for index, call in enumerate(calls)
+    ]
+    message = AIMessageChunk(content="", tool_call_chunks=call_chunks)
+    return ChatGenerationChunk(message=message), finish_reason if cut else "tool_calls"
 
 
 class ChatPolyKV(BaseChatModel):
@@ -100,6 +135,10 @@ class ChatPolyKV(BaseChatModel):
 
     device: str = "cpu"
     """Where the model runs: ``cpu``, ``cuda``, ..."""
+
+    parallel_tool_calls: bool = False
+    """Whether one answer may hold several tool calls; ``bind_tools(parallel_tool_calls=...)`` overrides it.
+    Off by default, as in llama.cpp's server: small models allowed several calls tend to repeat the first."""
 
     runtime: Runtime = "decompressed"
     """How pooled calls read the pool: batched over one shared prefix kept ``decompressed`` (fast) or
@@ -168,20 +207,31 @@ class ChatPolyKV(BaseChatModel):
             seed=kwargs.get("seed", self.seed),
             stop=stop if stop is not None else self.stop,
             grammar=grammar,
+            # tool_choice="auto": stop sequences still end a plain-text answer, never a call.
+            structured_opening=CALL_OPEN if tools is not None and tools.free_text else None,
         )
 
     def bind_tools(
-        self, tools: Sequence[dict[str, Any] | type | Callable | BaseTool], *, tool_choice: Any = None, **kwargs: Any
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable | BaseTool],
+        *,
+        tool_choice: Any = None,
+        parallel_tool_calls: bool | None = None,
+        **kwargs: Any,
     ) -> Runnable:
         """This model with ``tools`` (LangChain tools, functions, pydantic models or OpenAI tool dicts).
 
         Tool calls are decoded under a grammar built from the tools' parameters, so they always parse,
-        and come back as ``AIMessage.tool_calls`` with ids; see :mod:`polykv_agents.tools`.
+        and come back as ``AIMessage.tool_calls`` with ids; see :mod:`polykv_agents.tools`. The tools are
+        shown through the chat template's own tool support where it has this call format, else in a
+        documented system message (:mod:`polykv_agents.tool_prompts`).
 
         Args:
             tools: The tools.
-            tool_choice: ``"auto"`` (default: answer or call), ``"any"``/``"required"`` (call one),
+            tool_choice: ``"auto"`` (default: answer or call), ``"any"``/``"required"`` (call),
                 ``"none"`` (answer), or a tool's name (call that one).
+            parallel_tool_calls: Whether an answer may hold several calls (default: the
+                ``parallel_tool_calls`` field, off); otherwise it holds exactly one.
 
         Raises:
             ValueError: An unknown ``tool_choice``.
@@ -191,7 +241,10 @@ class ChatPolyKV(BaseChatModel):
             return super().bind(**kwargs)
         formatted = format_tools(tools)
         choice = normalize_tool_choice(tool_choice, formatted)
-        tool_call_grammar(formatted, choice)  # check now: bad parameters fail at bind time
+        parallel = self.parallel_tool_calls if parallel_tool_calls is None else parallel_tool_calls
+        tool_call_grammar(formatted, choice, parallel=parallel)  # check now: bad parameters fail at bind time
+        if parallel_tool_calls is not None:
+            kwargs["parallel_tool_calls"] = parallel_tool_calls
         return super().bind(tools=formatted, tool_choice=choice, **kwargs)
 
     def with_structured_output(
@@ -222,22 +275,20 @@ class ChatPolyKV(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        tools = _BoundTools.from_kwargs(kwargs)
+        tools = _BoundTools.from_kwargs(kwargs, parallel_default=self.parallel_tool_calls)
         settings = self._settings(stop, kwargs, tools)
         model_name = kwargs.get("model", self.model)
         model, tokenizer = load_model(model_name, device=self.device)
         turns = to_chat_messages(messages)
-        if tools is not None and tools.prompt is not None:
-            turns = [{"role": "system", "content": tools.prompt}, *turns]
         with contextlib.ExitStack() as lease:
             pool = None
             if self.pool is not None:
                 # Leased for the whole call: the registry's byte budget never evicts a pool in use.
                 pool = lease.enter_context(self._leased_pool(model, tokenizer))
-            prompt_ids = encode_prompt(tokenizer, turns, pool=pool)
+            prompt_ids = encode_prompt(tokenizer, turns, pool=pool, tools=tools.shown if tools else None)
             stats = GenerationStats(prompt_tokens=prompt_ids.numel(), cached_tokens=pool.num_tokens if pool else 0)
             pieces = generate_text(model, tokenizer, prompt_ids, settings, pool=pool, stats=stats, runtime=self.runtime)
-            # The first piece tells a tool call (sent whole, once complete) from text (streamed as it comes):
+            # The first piece tells tool calls (sent whole, once complete) from text (streamed as it comes):
             # under tools, the grammar lets plain text start with anything but "<".
             call_text, first, calling = "", True, tools is not None and tools.grammar is not None
             for piece in pieces:
@@ -251,24 +302,9 @@ class ChatPolyKV(BaseChatModel):
                 yield chunk
             finish_reason = stats.finish_reason
             if call_text:
-                chunk, finish_reason = self._tool_call_chunk(call_text, finish_reason, tools.names)
+                chunk, finish_reason = _tool_calls_chunk(call_text, finish_reason, tools.names)
                 yield chunk
             yield self._final_chunk(stats, model_name, pool, finish_reason)
-
-    @staticmethod
-    def _tool_call_chunk(
-        text: str, finish_reason: str | None, names: tuple[str, ...]
-    ) -> tuple[ChatGenerationChunk, str | None]:
-        """The decoded call as a tool-call chunk; a call cut short by max_tokens (or, defensively, to a
-        tool that is not bound) stays text."""
-        try:
-            call = parse_tool_call(text)
-        except ValueError:
-            return ChatGenerationChunk(message=AIMessageChunk(content=text)), finish_reason
-        if call is None or call["name"] not in names:
-            return ChatGenerationChunk(message=AIMessageChunk(content=text)), finish_reason
-        call_chunk = {"name": call["name"], "args": json.dumps(call["args"]), "id": call["id"], "index": 0}
-        return ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[call_chunk])), "tool_calls"
 
     def _leased_pool(self, model, tokenizer) -> contextlib.AbstractContextManager[SharedKVPool]:
         """This call's pool, leased from the process-wide registry (so its budget never evicts it mid-call)."""

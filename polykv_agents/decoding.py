@@ -25,17 +25,24 @@ from polykv_agents.pool import SharedKVPool
 from polykv_agents.prompts import Message, render_continuation, render_prompt
 from polykv_agents.runtime import scheduler
 from polykv_agents.text_stream import StopAwareDetokenizer
+from polykv_agents.tool_prompts import ToolsShown, prepare_turns
 
 
 def encode_prompt(
-    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message], *, pool: SharedKVPool | None
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Message],
+    *,
+    pool: SharedKVPool | None,
+    tools: ToolsShown | None = None,
 ) -> torch.Tensor:
     """Token ids ``[n]`` of ``messages`` plus the generation prompt: as a continuation of the pool's
-    prefix when there is a pool, else as a whole prompt."""
+    prefix when there is a pool, else as a whole prompt. ``tools`` and earlier tool calls are shown as
+    :mod:`polykv_agents.tool_prompts` decides for this tokenizer's chat template."""
+    messages, template_tools = prepare_turns(tokenizer, messages, tools)
     if pool is not None:
-        text = render_continuation(tokenizer, pool.prefix_messages, messages)
+        text = render_continuation(tokenizer, pool.prefix_messages, messages, tools=template_tools)
     else:
-        text = render_prompt(tokenizer, messages)
+        text = render_prompt(tokenizer, messages, tools=template_tools)
     # The rendered template already holds its special tokens.
     return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
 
@@ -150,7 +157,7 @@ def generate_text(
     token loop too, which frees the call's cache at once.
     """
     # Under a grammar the grammar decides the end: a stop sequence inside a JSON string must not cut it.
-    detokenizer = StopAwareDetokenizer(tokenizer, () if settings.grammar is not None else settings.stop)
+    detokenizer = StopAwareDetokenizer(tokenizer, settings.text_stops, structured_opening=settings.structured_opening)
     tokens = generate_token_ids(model, tokenizer, prompt_ids, settings, pool=pool, stats=stats, runtime=runtime)
     try:
         for token in tokens:

@@ -38,6 +38,10 @@ class GenerationSettings(BaseModel):
     """An llguidance grammar every token must follow (:func:`polykv_agents.grammar.json_schema_grammar`).
     The answer then ends when the grammar is complete, and stop sequences are not applied: one that
     occurs inside a JSON string must not cut the JSON."""
+    structured_opening: str | None = None
+    """For a grammar that also admits a plain-text answer (tools with ``tool_choice="auto"``): the text that
+    opens its structured answer instead (``<tool_call>``). Stop sequences then apply to a plain-text answer,
+    and still never to the structured one."""
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -53,7 +57,15 @@ class GenerationSettings(BaseModel):
         if self.grammar is not None and self.ignore_eos:
             msg = "ignore_eos cannot be combined with a grammar: the grammar decides where the answer ends"
             raise ValueError(msg)
+        if self.structured_opening is not None and (self.grammar is None or not self.structured_opening):
+            msg = "structured_opening needs a grammar, and must be the non-empty text its structured answer opens with"
+            raise ValueError(msg)
         return self
+
+    @property
+    def text_stops(self) -> tuple[str, ...]:
+        """The stop sequences that apply to the answer's text: none under a grammar, unless it admits plain text."""
+        return self.stop if self.grammar is None or self.structured_opening is not None else ()
 
     @field_validator("stop")
     @classmethod

@@ -1,8 +1,10 @@
 """LangChain messages -> the ``{"role", "content"}`` dicts that chat templates render.
 
 System, human, AI and tool messages map to the ``system``, ``user``, ``assistant`` and ``tool``
-roles; a ``ChatMessage`` keeps its own role. An ``AIMessage``'s tool calls are rendered after its
-text in the format the model was asked to call tools in (:mod:`polykv_agents.tools`). Only text
+roles; a ``ChatMessage`` keeps its own role. An ``AIMessage``'s tool calls are kept in the form chat
+templates with tool support read (``tool_calls: [{"type": "function", "id", "function": {"name",
+"arguments"}}]``), a ``ToolMessage``'s call id as ``tool_call_id``: :mod:`polykv_agents.tool_prompts`
+then lets the template render them, or writes them into the text for templates that cannot. Only text
 content is supported: content blocks of other kinds, and message types that have no chat-template
 role, raise a clear error.
 """
@@ -10,10 +12,9 @@ role, raise a clear error.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
-
-from polykv_agents.tools import render_tool_calls
 
 _ROLES: tuple[tuple[type[BaseMessage], str], ...] = (
     (SystemMessage, "system"),
@@ -45,7 +46,7 @@ def _text(message: BaseMessage) -> str:
     return "".join(parts)
 
 
-def to_chat_messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
+def to_chat_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
     """Convert LangChain messages for :func:`polykv_agents.prompts.render_messages`.
 
     Raises:
@@ -67,8 +68,15 @@ def to_chat_messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
                 "AIMessage, ToolMessage or ChatMessage"
             )
             raise TypeError(msg)
-        content = _text(message)
-        if isinstance(message, AIMessage) and message.tool_calls:  # the calls it made, as it wrote them
-            content += render_tool_calls(message.tool_calls)
-        converted.append({"role": role, "content": content})
+        turn: dict[str, Any] = {"role": role, "content": _text(message)}
+        if isinstance(message, AIMessage) and message.tool_calls:
+            turn["tool_calls"] = [
+                {"type": "function", "id": call["id"], "function": {"name": call["name"], "arguments": call["args"]}}
+                for call in message.tool_calls
+            ]
+        if isinstance(message, ToolMessage):
+            turn["tool_call_id"] = message.tool_call_id
+            if message.name:
+                turn["name"] = message.name
+        converted.append(turn)
     return converted

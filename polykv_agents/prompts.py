@@ -10,16 +10,26 @@ any template that renders a conversation as a growing string works unchanged.
 
 A conversation that ends with an assistant message that is not blank is continued rather than answered anew
 (assistant prefill): the prompt ends inside that message, and the model writes the rest of it.
+
+Tools (OpenAI function specs) can be handed to the template's own tool support. Templates write them at
+the very top of a conversation, which a pooled call cannot change (the pool holds that prefix's KV), so
+a continuation with tools is the call's turns rendered as a conversation of their own, with the tools,
+less whatever the template writes at the start of every conversation (see :func:`render_continuation`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-Message = Mapping[str, str]
-"""A chat message: ``{"role": "system" | "user" | "assistant" | "tool", "content": str}``."""
+Message = Mapping[str, Any]
+"""A chat message: ``{"role": "system" | "user" | "assistant" | "tool", "content": str}``, plus
+``tool_calls`` on an assistant message and ``tool_call_id`` on a tool message (:mod:`polykv_agents.messages`)."""
+
+Tools = Sequence[Mapping[str, Any]] | None
+"""OpenAI function specs for the template's own tool support, or ``None``."""
 
 DEFAULT_ROLE_PROMPT = "Answer the question using the document above. Be concise."
 
@@ -33,17 +43,22 @@ def _ends_with_partial_answer(messages: Sequence[Message]) -> bool:
 
 
 def _without_empty_final_answer(messages: Sequence[Message]) -> Sequence[Message]:
-    if messages and messages[-1]["role"] == "assistant" and not messages[-1]["content"].strip():
-        return messages[:-1]
+    """``messages`` less a final assistant message with neither text nor tool calls (an empty prefill)."""
+    final = messages[-1] if messages else None
+    if final is not None and final["role"] == "assistant" and not final["content"].strip():
+        return messages if final.get("tool_calls") else messages[:-1]
     return messages
 
 
-def _render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message], *, generation_prompt: bool) -> str:
+def _render(
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message], *, generation_prompt: bool, tools: Tools = None
+) -> str:
     if generation_prompt:
         messages = _without_empty_final_answer(messages)
     prefill = generation_prompt and _ends_with_partial_answer(messages)
     return tokenizer.apply_chat_template(
         [dict(m) for m in messages],
+        tools=list(tools) if tools else None,
         tokenize=False,
         add_generation_prompt=generation_prompt and not prefill,
         continue_final_message=prefill,
@@ -63,28 +78,33 @@ def _fold_system_into_user(messages: Sequence[Message]) -> list[dict[str, str]]:
         if pending and message["role"] == "user":
             content = "\n\n".join([*pending, content])
             pending = []
-        folded.append({"role": message["role"], "content": content})
+        folded.append({**message, "content": content})
     if pending:
         folded.append({"role": "user", "content": "\n\n".join(pending)})
     return folded
 
 
 def render_messages(
-    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message], *, generation_prompt: bool = False
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Message],
+    *,
+    generation_prompt: bool = False,
+    tools: Tools = None,
 ) -> str:
     """Render a whole conversation, folding system messages into user turns if the template
     refuses them."""
     try:
-        return _render(tokenizer, messages, generation_prompt=generation_prompt)
+        return _render(tokenizer, messages, generation_prompt=generation_prompt, tools=tools)
     except Exception:  # jinja raises TemplateError / exceptions of the template's own making
-        return _render(tokenizer, _fold_system_into_user(messages), generation_prompt=generation_prompt)
+        return _render(tokenizer, _fold_system_into_user(messages), generation_prompt=generation_prompt, tools=tools)
 
 
-def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> str:
+def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message], *, tools: Tools = None) -> str:
     """A whole conversation ending in the generation prompt, or inside its final assistant message
-    (no pool in front of it). Tokenizers without a chat template get a plain ``User: ... / Assistant:`` format."""
+    (no pool in front of it). Tokenizers without a chat template get a plain ``User: ... / Assistant:`` format
+    (and no tools: :mod:`polykv_agents.tool_prompts` shows them in the text instead)."""
     if has_chat_template(tokenizer):
-        return render_messages(tokenizer, messages, generation_prompt=True)
+        return render_messages(tokenizer, messages, generation_prompt=True, tools=tools)
     messages = _without_empty_final_answer(messages)
     turns = [m["content"] if m["role"] == "system" else f"{m['role'].capitalize()}: {m['content']}" for m in messages]
     return "\n".join(turns) + ("" if _ends_with_partial_answer(messages) else "\nAssistant:")
@@ -94,6 +114,8 @@ def render_continuation(
     tokenizer: PreTrainedTokenizerBase,
     prefix_messages: Sequence[Message] | None,
     new_messages: Sequence[Message],
+    *,
+    tools: Tools = None,
 ) -> str:
     """Text that continues a pool prefix with ``new_messages`` and the generation prompt.
 
@@ -101,10 +123,16 @@ def render_continuation(
         prefix_messages: The chat messages the pool was built from, or ``None`` for a plain-text
             document pool.
         new_messages: The agent's turns (role prompt, question, ...).
+        tools: Tools for the template's own tool support: ``new_messages`` are then rendered as a
+            conversation of their own with the tools, less the template's conversation preamble.
+
+    Raises:
+        ValueError: The template renders the prefix differently once more turns follow, or (with
+            ``tools``) writes the tools somewhere other than the call's own turns.
     """
     if prefix_messages is None or not has_chat_template(tokenizer):
         # A plain document: the agent's turns start a conversation right after it.
-        return "\n\n" + render_prompt(tokenizer, new_messages)
+        return "\n\n" + render_prompt(tokenizer, new_messages, tools=tools)
     prefix_text = render_messages(tokenizer, prefix_messages)
     full_text = render_messages(tokenizer, [*prefix_messages, *new_messages], generation_prompt=True)
     if not full_text.startswith(prefix_text):
@@ -113,7 +141,20 @@ def render_continuation(
             "agent turns cannot continue the shared prefix. Build the pool from a plain-text document instead."
         )
         raise ValueError(msg)
-    return full_text[len(prefix_text) :]
+    continuation = full_text[len(prefix_text) :]
+    if not tools:
+        return continuation
+    # The call's turns alone = preamble + continuation; with tools = preamble + the same turns holding the tools.
+    alone = render_messages(tokenizer, new_messages, generation_prompt=True)
+    alone_with_tools = render_messages(tokenizer, new_messages, generation_prompt=True, tools=tools)
+    preamble = alone[: len(alone) - len(continuation)]
+    if not alone.endswith(continuation) or not alone_with_tools.startswith(preamble):
+        msg = (
+            "This chat template writes tools in front of the pool's shared prefix, not in the call's own turns; "
+            "show the tools in a system message of the call instead (polykv_agents.tools.tools_prompt)"
+        )
+        raise ValueError(msg)
+    return alone_with_tools[len(preamble) :]
 
 
 def agent_turns(system_prompt: str | None, question: str) -> list[dict[str, str]]:

@@ -3,7 +3,8 @@
 Text is re-decoded from all generated ids at each step (answers are short, and this is what keeps
 multi-byte characters and multi-token stop strings right). A piece is released only once it can
 no longer turn out to be the start of a stop sequence, so streaming and non-streaming calls
-return the same text.
+return the same text. An answer that opens with ``structured_opening`` (a tool call) is never cut by a
+stop sequence: its grammar decides where it ends.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ _INCOMPLETE_CHAR = "\ufffd"  # what a partial UTF-8 sequence decodes to
 class StopAwareDetokenizer:
     """Incremental detokenizer that holds back possible stop-sequence prefixes."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str] = ()) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str] = (), *, structured_opening: str | None = None
+    ) -> None:
         self._tokenizer = tokenizer
         self._stop = tuple(stop)
+        self._structured_opening = structured_opening
         self._token_ids: list[int] = []
         self._emitted = 0  # characters of the decoded text already released
         self.stopped = False
@@ -39,6 +43,11 @@ class StopAwareDetokenizer:
                     break
         return longest
 
+    def _is_structured(self, text: str) -> bool:
+        """``text`` opens (or may still open) the structured answer, to which stop sequences never apply."""
+        opening = self._structured_opening
+        return opening is not None and (text.startswith(opening) or opening.startswith(text))
+
     def _release(self, end: int, text: str) -> str:
         piece = text[self._emitted : end] if end > self._emitted else ""
         self._emitted = max(self._emitted, end)
@@ -50,6 +59,8 @@ class StopAwareDetokenizer:
             return ""
         self._token_ids.append(token_id)
         text = self._text()
+        if self._stop and self._is_structured(text):
+            return self._release(len(text), text)
         if self._stop:
             # A stop can only start in the unreleased tail or straddle its border.
             search_from = max(0, self._emitted - max(map(len, self._stop)) + 1)

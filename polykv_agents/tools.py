@@ -1,24 +1,25 @@
-"""Tool calling for ChatPolyKV: tools in the prompt, a grammar for the call, ``AIMessage.tool_calls`` back.
+"""Tool calling for ChatPolyKV: the call format, its grammar, and parsing calls back into ``tool_calls``.
 
-The format (Hermes/Qwen style, which many instruct models have seen):
+The format is Hermes/Qwen style (the one Qwen2/2.5/3, Hermes and SmolLM3 templates ask for), one block
+per call, several blocks for parallel calls:
 
     <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>
 
 Data flow of one call with tools bound:
   LangChain or OpenAI tools -> OpenAI function specs (langchain-core's converter)
-  -> :func:`tools_prompt`: a system message at the start of the call's own turns that lists them and
-     shows the format. It is never put through the chat template's own ``tools`` support: templates
-     render tools at the very top of the conversation, which would change the pool's shared prefix.
-  -> :func:`tool_call_grammar` by ``tool_choice``: ``required`` (a call to any tool), a tool's name
-     (a call to that one), ``auto`` (plain text that does not start with ``<``, or a call), ``none``
-     (no grammar, no tools shown)
-  -> decoded under that grammar -> :func:`parse_tool_call` -> ``tool_calls`` with fresh ids.
-Earlier calls in the conversation (an ``AIMessage`` with ``tool_calls``) are rendered back in the same
-format (:func:`render_tool_calls`); ``ToolMessage`` results are ``tool`` turns.
+  -> shown to the model (:mod:`polykv_agents.tool_prompts`: through the chat template's own tool support
+     when it asks for this format, else the system message of :func:`tools_prompt`)
+  -> :func:`tool_call_grammar` by ``tool_choice``: ``required`` (calls to any tool), a tool's name
+     (calls to that one), ``auto`` (plain text that does not start with ``<``, or calls), ``none``
+     (no grammar, no tools shown); one call only when ``parallel_tool_calls=False``
+  -> decoded under that grammar -> :func:`parse_tool_calls` -> ``tool_calls`` with fresh ids (complete calls
+     only: a call cut short by ``max_tokens`` is not returned).
+Earlier calls in the conversation are rendered back in the same format (:func:`render_tool_calls`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Mapping, Sequence
@@ -72,24 +73,38 @@ def _call_schema(spec: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def tool_call_grammar(tools: Sequence[Mapping[str, Any]], choice: str) -> str | None:
+def tool_call_grammar(tools: Sequence[Mapping[str, Any]], choice: str, *, parallel: bool = True) -> str | None:
     """The llguidance grammar for ``choice`` (see :func:`normalize_tool_choice`); ``None`` for ``none``.
+
+    Args:
+        tools: OpenAI function specs.
+        choice: A normalized tool choice.
+        parallel: Allow several calls in one answer (``parallel_tool_calls``); else exactly one.
 
     Raises:
         GrammarError: A tool's parameters cannot be compiled into a grammar.
     """
     if choice == "none":
         return None
+    # Compiled once per distinct (tools, choice, parallel): bound models compile at bind time and on every call.
+    return _compiled_tool_call_grammar(json.dumps(list(tools), sort_keys=True), choice, parallel)
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled_tool_call_grammar(tools_json: str, choice: str, parallel: bool) -> str:
+    tools = json.loads(tools_json)
     chosen = [spec for spec in tools if choice in ("auto", "required") or spec["function"]["name"] == choice]
     schemas = [_call_schema(spec) for spec in chosen]
     schema = dict(schemas[0]) if len(schemas) == 1 else {"anyOf": schemas}
     # Written as json.dumps writes (and as render_tool_calls shows past calls), with no free whitespace:
-    # a small model would otherwise spend its tokens on newlines and indentation.
+    # a small model would otherwise spend its tokens on newlines and indentation. The one optional newline
+    # on either side of the JSON is how chat templates of this format write a call.
     schema["x-guidance"] = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
-    call = f"call: {json.dumps(CALL_OPEN)} %json {json.dumps(schema)} {json.dumps(CALL_CLOSE)}"
-    # auto: plain text may start with neither "<" nor whitespace, so the first token tells a call from an answer.
-    start = "start: TEXT | call\nTEXT: /[^<\\s](.|\\n)*/" if choice == "auto" else "start: call"
-    grammar = llguidance.LLMatcher.grammar_from_lark(f"{start}\n{call}\n")
+    call = f'call: {json.dumps(CALL_OPEN)} "\\n"? %json {json.dumps(schema)} "\\n"? {json.dumps(CALL_CLOSE)}'
+    calls = 'calls: call ("\\n"? call)*' if parallel else "calls: call"
+    # auto: plain text may start with neither "<" nor whitespace, so the first token tells calls from an answer.
+    start = "start: TEXT | calls\nTEXT: /[^<\\s](.|\\n)*/" if choice == "auto" else "start: calls"
+    grammar = llguidance.LLMatcher.grammar_from_lark(f"{start}\n{calls}\n{call}\n")
     problem = llguidance.LLMatcher.validate_grammar(grammar)
     if problem:
         msg = f"the tools' parameters cannot be compiled into a grammar: {problem}"
@@ -97,46 +112,55 @@ def tool_call_grammar(tools: Sequence[Mapping[str, Any]], choice: str) -> str | 
     return grammar
 
 
-def tools_prompt(tools: Sequence[Mapping[str, Any]], choice: str) -> str:
-    """The system message that shows the model its tools and the call format."""
+def tools_prompt(tools: Sequence[Mapping[str, Any]], choice: str, *, parallel: bool = True) -> str:
+    """The system message that shows the model its tools and the call format (for chat templates without
+    tool support of this format)."""
     listed = "\n".join(json.dumps(spec["function"], ensure_ascii=False) for spec in tools)
-    how = (
-        "Call one of them now"
-        if choice == "required"
-        else f"Call the tool {choice} now"
-        if choice not in ("auto", "none")
-        else "When a tool helps, call it; otherwise answer directly"
-    )
+    if choice == "required":
+        how = "Call one of them now"
+    elif choice in ("auto", "none"):
+        how = "When a tool helps, call it; otherwise answer directly"
+    else:
+        how = f"Call the tool {choice} now"
     example = f'{CALL_OPEN}{{"name": "<tool name>", "arguments": {{...}}}}{CALL_CLOSE}'
-    return f"You can use these tools:\n{listed}\n{how}, by answering with exactly:\n{example}"
+    several = " (one line per call, for several calls)" if parallel else ""
+    return f"You can use these tools:\n{listed}\n{how}, by answering with exactly{several}:\n{example}"
 
 
-def parse_tool_call(text: str) -> dict[str, Any] | None:
-    """The tool call in ``text`` as a LangChain ``ToolCall`` (with a fresh id), or ``None`` for plain text.
+def parse_tool_calls(text: str) -> tuple[list[dict[str, Any]], str] | None:
+    """The complete tool calls at the start of ``text`` as LangChain ``ToolCall`` s (each with a fresh id),
+    and what follows them; ``None`` for plain text.
 
-    Raises:
-        ValueError: ``text`` starts a call that is not complete (the answer was cut by max_tokens).
+    Each call's JSON is read by a JSON decoder, so a ``</tool_call>`` inside an argument string is just
+    text. Under the call grammar, what follows the complete calls is empty, or a call that ``max_tokens``
+    cut short.
     """
-    stripped = text.strip()
-    if not stripped.startswith(CALL_OPEN):
+    rest = text.strip()
+    if not rest.startswith(CALL_OPEN):
         return None
-    body = stripped.removeprefix(CALL_OPEN).removesuffix(CALL_CLOSE)
-    try:
-        call = json.loads(body)
-        return {
-            "name": call["name"],
-            "args": call["arguments"],
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "tool_call",
-        }
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        msg = f"the tool call is not complete ({e}); if it was cut by max_tokens, raise max_tokens"
-        raise ValueError(msg) from e
+    decoder = json.JSONDecoder()
+    calls: list[dict[str, Any]] = []
+    while rest.startswith(CALL_OPEN):
+        body = rest.removeprefix(CALL_OPEN).lstrip()
+        try:
+            call, end = decoder.raw_decode(body)
+            after = body[end:].lstrip()
+            complete = after.startswith(CALL_CLOSE) and isinstance(call, dict) and isinstance(call.get("name"), str)
+        except json.JSONDecodeError:
+            complete = False
+        if not complete or "arguments" not in call:
+            break
+        call_id = f"call_{uuid.uuid4().hex[:24]}"
+        calls.append({"name": call["name"], "args": call["arguments"], "id": call_id, "type": "tool_call"})
+        rest = after.removeprefix(CALL_CLOSE).lstrip()
+    return calls, rest
 
 
 def render_tool_calls(tool_calls: Sequence[Mapping[str, Any]]) -> str:
-    """Earlier tool calls as the assistant wrote them, so the conversation reads as it happened."""
-    return "".join(
-        f"{CALL_OPEN}{json.dumps({'name': c['name'], 'arguments': c.get('args', {})}, ensure_ascii=False)}{CALL_CLOSE}"
-        for c in tool_calls
-    )
+    """Earlier tool calls (in chat-template form, ``{"function": {"name", "arguments"}}``) as the assistant
+    wrote them, so the conversation reads as it happened."""
+    blocks = []
+    for call in tool_calls:
+        written = {"name": call["function"]["name"], "arguments": call["function"].get("arguments", {})}
+        blocks.append(f"{CALL_OPEN}{json.dumps(written, ensure_ascii=False)}{CALL_CLOSE}")
+    return "\n".join(blocks)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import torch
@@ -22,6 +23,32 @@ from transformers import (
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# A ChatML template with tool support in the Hermes format (tools in the first system turn, calls as <tool_call>
+# blocks, results as <tool_response> user turns), written for these tests in the way Qwen-style templates work.
+HERMES_TOOLS_TEMPLATE = (
+    "{% set rest = messages %}"
+    "{% if tools %}"
+    "{{ '<|im_start|>system\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% set rest = messages[1:] %}"
+    "{% endif %}"
+    "{{ 'You may call these tools:\n<tools>\n' }}"
+    "{% for tool in tools %}{{ tool | tojson + '\n' }}{% endfor %}"
+    '{{ \'</tools>\nFor each call, answer with <tool_call>\n{"name": <name>, "arguments": <arguments>}\n\''
+    " + '</tool_call><|im_end|>\n' }}"
+    "{% endif %}"
+    "{% for message in rest %}"
+    "{% if message['role'] == 'assistant' and message['tool_calls'] is defined and message['tool_calls'] %}"
+    "{{ '<|im_start|>assistant\n' + message['content'] }}"
+    "{% for call in message['tool_calls'] %}"
+    "{{ '<tool_call>\n' + {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson"
+    " + '\n</tool_call>' }}"
+    "{% endfor %}{{ '<|im_end|>\n' }}"
+    "{% elif message['role'] == 'tool' %}"
+    "{{ '<|im_start|>user\n<tool_response>\n' + message['content'] + '\n</tool_response><|im_end|>\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
@@ -52,8 +79,21 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
+def tiny_hermes_tokenizer() -> PreTrainedTokenizerFast:
+    """:func:`tiny_tokenizer` with :data:`HERMES_TOOLS_TEMPLATE` (a chat template with tool support)."""
+    tokenizer = copy.deepcopy(tiny_tokenizer())
+    tokenizer.chat_template = HERMES_TOOLS_TEMPLATE
+    return tokenizer
+
+
 def tiny_llama(
-    *, head_dim: int = 16, num_layers: int = 2, seed: int = 0, vocab_size: int = 320, initializer_range: float = 0.02
+    *,
+    head_dim: int = 16,
+    num_layers: int = 2,
+    seed: int = 0,
+    vocab_size: int = 320,
+    initializer_range: float = 0.02,
+    max_positions: int = 1024,
 ) -> LlamaForCausalLM:
     """A 2-layer GQA Llama with random weights. A larger ``initializer_range`` (e.g. 0.3) makes its answers
     depend strongly on the prompt, which tests of cross-talk between agents need."""
@@ -66,7 +106,7 @@ def tiny_llama(
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=head_dim,
-        max_position_embeddings=1024,
+        max_position_embeddings=max_positions,
         bos_token_id=0,
         eos_token_id=2,
         pad_token_id=0,

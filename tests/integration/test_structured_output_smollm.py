@@ -34,3 +34,30 @@ def test_a_pydantic_plan_comes_back_typed(chat):
 def test_json_mode_gives_a_json_object(chat):
     result = chat.with_structured_output(method="json_mode").invoke("List the three principal risks as JSON.")
     assert isinstance(result, dict) and result
+
+
+class SearchDocument(BaseModel):
+    """Find the paragraphs of the document that mention a topic."""
+
+    topic: str = Field(max_length=40)
+
+
+class PercentChange(BaseModel):
+    """The change from old to new, in percent."""
+
+    old: float
+    new: float
+
+
+@pytest.mark.parametrize(
+    "question", ["Find where the document mentions drought.", "By what percent did leakage rise from 16.8 to 19.4?"]
+)
+def test_tool_calls_on_smollm_parse_validate_and_carry_ids(chat, question):
+    """Forced calls (tool_choice="any") from the 135M model: always one call, to a bound tool, with valid args."""
+    message = chat.bind_tools([SearchDocument, PercentChange], tool_choice="any").invoke(question)
+    assert len(message.tool_calls) == 1 and message.content == ""
+    call = message.tool_calls[0]
+    {"SearchDocument": SearchDocument, "PercentChange": PercentChange}[call["name"]].model_validate(call["args"])
+    assert call["id"].startswith("call_")
+    assert message.response_metadata["finish_reason"] == "tool_calls"
+    assert message.usage_metadata["input_token_details"]["cache_read"] > 1000

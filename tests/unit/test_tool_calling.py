@@ -1,5 +1,5 @@
-"""bind_tools on a tiny random checkpoint: whatever the model would say, a tool call parses, names a bound
-tool, validates against its parameters and carries an id; text and tool results render back."""
+"""bind_tools on a tiny random checkpoint: whatever the model would say, tool calls parse, name a bound
+tool, validate against its parameters and carry ids; stop sequences end text answers, never calls."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from polykv_agents import SharedKVPool, load_model
 from polykv_agents.chat_model import ChatPolyKV, _BoundTools
 from polykv_agents.grammar import GrammarError, TokenConstraint
 from polykv_agents.messages import to_chat_messages
-from polykv_agents.tools import CALL_OPEN, format_tools, normalize_tool_choice, tool_call_grammar
+from polykv_agents.tool_prompts import prepare_turns
+from polykv_agents.tools import CALL_OPEN, format_tools, normalize_tool_choice, parse_tool_calls, tool_call_grammar
 
 DOC = "The register lists three risks: drought, ageing mains and workforce. " * 4
 
@@ -42,47 +43,77 @@ def chat(tiny_model_dir) -> ChatPolyKV:
     return ChatPolyKV(model=tiny_model_dir, max_tokens=80, temperature=1.0).with_pool(pool)
 
 
-def check_call(message: AIMessage, names=("Add", "Lookup")) -> None:
+def check_calls(message: AIMessage, names=("Add", "Lookup"), *, count: int | None = 1) -> None:
+    """Every call names a bound tool, validates and has its own id; ``count`` calls when given."""
     assert message.content == ""
-    assert len(message.tool_calls) == 1
-    call = message.tool_calls[0]
-    assert call["name"] in names and call["id"].startswith("call_")
-    ARGS[call["name"]].model_validate(call["args"])
-    assert message.response_metadata["finish_reason"] == "tool_calls"
+    assert message.tool_calls and (count is None or len(message.tool_calls) == count)
+    for call in message.tool_calls:
+        assert call["name"] in names and call["id"].startswith("call_")
+        ARGS[call["name"]].model_validate(call["args"])
+    assert len({call["id"] for call in message.tool_calls}) == len(message.tool_calls)
+    # A call cut short by max_tokens after complete ones is dropped, and the answer says it ran out.
+    assert message.response_metadata["finish_reason"] in (("tool_calls",) if count == 1 else ("tool_calls", "length"))
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_required_tool_calls_always_parse_and_validate(chat, seed):
-    check_call(chat.bind_tools(TOOLS, tool_choice="any").invoke("Add 2 and 3.", seed=seed))
+    check_calls(chat.bind_tools(TOOLS, tool_choice="any").invoke("Add 2 and 3.", seed=seed))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_parallel_calls_each_parse_and_validate(chat, seed):
+    bound = chat.bind_tools(TOOLS, tool_choice="any", parallel_tool_calls=True)
+    check_calls(bound.invoke("Add 2 and 3, then look up drought.", seed=seed), count=None)
+    # The random model rarely stops after one call: allowed several, it writes several.
+    assert any(len(bound.invoke("Add 2 and 3.", seed=s, max_tokens=240).tool_calls) > 1 for s in range(4))
 
 
 @pytest.mark.parametrize("choice", ["Lookup", {"type": "function", "function": {"name": "Lookup"}}])
 def test_a_named_tool_choice_calls_that_tool(chat, choice):
-    check_call(chat.bind_tools(TOOLS, tool_choice=choice).invoke("Which risk is worst?", seed=1), names=("Lookup",))
+    check_calls(chat.bind_tools(TOOLS, tool_choice=choice).invoke("Which risk is worst?", seed=1), names=("Lookup",))
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_auto_gives_either_text_or_a_valid_call(chat, seed):
+def test_auto_gives_either_text_or_valid_calls(chat, seed):
     message = chat.bind_tools(TOOLS).invoke("Add 2 and 3, or just answer.", seed=seed)
     if message.tool_calls:
-        check_call(message)
+        check_calls(message)
     else:
         assert not message.content.lstrip().startswith("<")
 
 
+def test_stop_sequences_end_a_text_answer_under_auto(chat):
+    """tool_choice="auto" keeps a grammar on every token, yet a plain-text answer still ends at its stop."""
+    bound = chat.bind_tools(TOOLS)
+    texts = [bound.invoke("Just answer in words.", seed=seed, max_tokens=40) for seed in range(8)]
+    text = next(m.content for m in texts if not m.tool_calls and len(m.content) > 12)
+    stop = text[6:9]
+    seed = next(seed for seed, m in enumerate(texts) if m.content == text)
+    stopped = bound.invoke("Just answer in words.", seed=seed, max_tokens=40, stop=[stop])
+    assert stopped.content == text[: text.index(stop)]
+    assert stopped.response_metadata["finish_reason"] == "stop"
+
+
+def test_stop_sequences_never_cut_a_tool_call(chat):
+    message = chat.bind_tools(TOOLS, tool_choice="any").invoke("Look it up.", seed=2, stop=['"', "name", "}"])
+    check_calls(message)
+
+
 def test_none_shows_no_tools_and_constrains_nothing(chat):
-    assert _BoundTools.from_kwargs({"tools": format_tools(TOOLS), "tool_choice": "none"}) == _BoundTools(None, None)
+    none = _BoundTools.from_kwargs({"tools": format_tools(TOOLS), "tool_choice": "none"}, parallel_default=True)
+    assert none == _BoundTools(None, None)
     message = chat.bind_tools(TOOLS, tool_choice="none").invoke("Answer in words.", seed=0)
     assert message.tool_calls == [] and isinstance(message.content, str)
 
 
-def test_streaming_sends_the_call_whole_never_as_text(chat):
+def test_streaming_sends_the_calls_whole_never_as_text(chat):
     chunks = list(chat.bind_tools(TOOLS, tool_choice="Add").stream("Add 2 and 3.", seed=3))
     assert all(CALL_OPEN not in chunk.content for chunk in chunks)
     full = chunks[0]
     for chunk in chunks[1:]:
         full += chunk
-    check_call(AIMessage(content=full.content, tool_calls=full.tool_calls, response_metadata=full.response_metadata))
+    message = AIMessage(content=full.content, tool_calls=full.tool_calls, response_metadata=full.response_metadata)
+    check_calls(message, names=("Add",))
 
 
 def test_a_call_cut_by_max_tokens_stays_text(chat):
@@ -92,20 +123,38 @@ def test_a_call_cut_by_max_tokens_stays_text(chat):
     assert message.response_metadata["finish_reason"] == "length"
 
 
+def test_parsing_reads_each_call_as_json_and_keeps_a_cut_tail_apart():
+    text = (
+        '<tool_call>{"name": "Echo", "arguments": {"s": "a </tool_call> b"}}</tool_call>\n'
+        '<tool_call>\n{"name": "Add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+        '<tool_call>{"name": "Add", "argu'
+    )
+    calls, cut = parse_tool_calls(text)
+    assert [(c["name"], c["args"]) for c in calls] == [("Echo", {"s": "a </tool_call> b"}), ("Add", {"a": 1, "b": 2})]
+    assert cut == '<tool_call>{"name": "Add", "argu'
+    assert parse_tool_calls("The answer is 5.") is None
+    assert parse_tool_calls('<tool_call>{"name": "Add"}</tool_call>') == ([], '<tool_call>{"name": "Add"}</tool_call>')
+
+
 def test_function_calling_structured_output_returns_the_tool_arguments(chat):
     assert isinstance(chat.with_structured_output(Add, method="function_calling").invoke("Add 2 and 3."), Add)
     raw = chat.with_structured_output(Lookup, method="function_calling", include_raw=True).invoke("Worst risk?")
     assert isinstance(raw["parsed"], Lookup) and raw["raw"].tool_calls
 
 
-def test_earlier_calls_and_their_results_render_back_into_the_conversation():
-    call = {"name": "Add", "args": {"a": 2, "b": 3}, "id": "call_1", "type": "tool_call"}
-    turns = to_chat_messages(
-        [HumanMessage("Add 2 and 3."), AIMessage("", tool_calls=[call]), ToolMessage("5", tool_call_id="call_1")]
-    )
+def test_earlier_calls_and_their_results_render_back_into_the_conversation(tiny_tok):
+    """SmolLM2-style templates (no tool support): calls are written into the assistant's text."""
+    calls = [
+        {"name": "Add", "args": {"a": 2, "b": 3}, "id": "call_1", "type": "tool_call"},
+        {"name": "Lookup", "args": {"risk": "mains"}, "id": "call_2", "type": "tool_call"},
+    ]
+    history = [HumanMessage("Add 2 and 3."), AIMessage("", tool_calls=calls), ToolMessage("5", tool_call_id="call_1")]
+    turns, template_tools = prepare_turns(tiny_tok, to_chat_messages(history), None)
+    assert template_tools is None
     assert turns[1] == {
         "role": "assistant",
-        "content": '<tool_call>{"name": "Add", "arguments": {"a": 2, "b": 3}}</tool_call>',
+        "content": '<tool_call>{"name": "Add", "arguments": {"a": 2, "b": 3}}</tool_call>\n'
+        '<tool_call>{"name": "Lookup", "arguments": {"risk": "mains"}}</tool_call>',
     }
     assert turns[2] == {"role": "tool", "content": "5"}
 
