@@ -37,7 +37,8 @@ def main(document: str | None = None, roles: list[str] | None = None, max_tokens
 
     pool = state["pool"]
     print(f"pool {pool.digest[:12]}: {pool.num_tokens} document tokens, {pool.nbytes / 2**20:.2f} MiB compressed")
-    print(f"\n[plan]\n{state['plan'].strip()}")
+    plan = "\n".join(f"- {entry['role']}: {entry['focus']}" for entry in state["plan"])
+    print(f"\n[plan] (typed, from structured output)\n{plan}")
     for finding in state["findings"]:
         print(f"\n[{finding['role']}] (cache_read={finding['cache_read']})\n{finding['text'].strip()}")
     print(f"\n[critique]\n{state['critique'].strip()}")

@@ -4,9 +4,11 @@ Data flow (state keys in brackets):
   [document, roles?] -> check_input: defaults the role list, refuses an empty one or more than
       MAX_ROLES, before anything is loaded
   -> prefetch: the document is prefilled and compressed once -> [pool] (a PoolHandle, never tensors)
-  -> planner: one pooled call -> [plan]
-  -> assign_specialists: one ``Send("specialist", SpecialistTask)`` per role, run in parallel
-  -> specialist x N: one pooled call each -> [findings] += {role, text, cache_read, pool_digest}
+  -> planner: one pooled call under structured output -> [plan]: a typed list of {role, focus}, one per role,
+      decoded under the grammar of :func:`plan_schema`, so it always parses
+  -> assign_specialists: one ``Send("specialist", SpecialistTask)`` per plan entry, run in parallel
+  -> specialist x N: one pooled call each, asked to check its entry's focus
+      -> [findings] += {role, text, cache_read, pool_digest}
   -> critic: one pooled call over the findings -> [critique]
   -> summarizer: one pooled call over findings and critique -> [summary]
 Every call gets its chat model from ``prefetch.pooled_chat(state)``, so it reads the document from
@@ -20,6 +22,7 @@ appended to [messages], named after its role, for LangGraph Studio.
 
 from __future__ import annotations
 
+import json
 import operator
 import os
 from collections.abc import Sequence
@@ -61,6 +64,10 @@ GENERIC_ROLE_PROMPT = "You are the {role} specialist. You review the document fr
 DEFAULT_ROLES: tuple[str, ...] = ("legal", "finance", "engineering", "risk", "operations")
 
 PLANNER_PROMPT = "You are the review planner. You decide what each specialist should check."
+
+PLAN_FOCUS_CHARS = 60
+"""Longest focus the plan may give one specialist. It bounds the plan's JSON, so the planner's token budget
+(:func:`plan_token_budget`) always lets it finish: a small model that loops inside a string is cut by the grammar."""
 CRITIC_PROMPT = "You are the critic. You look for findings that are weak, vague or not supported by the document."
 SUMMARIZER_PROMPT = "You are the summarizer. You write short, plain summaries for the board."
 
@@ -85,11 +92,20 @@ class Finding(TypedDict):
     """The pool the answer was read from (``response_metadata["pool_digest"]``)."""
 
 
+class Assignment(TypedDict):
+    """One entry of the typed review plan: what one specialist checks."""
+
+    role: str
+    focus: str
+    """At most :data:`PLAN_FOCUS_CHARS` characters, written by the planner."""
+
+
 class State(InputState, total=False):
     """The review's state: small and serializable (the pool is a handle, the tensors stay in the registry)."""
 
     pool: PoolHandle | None
-    plan: str
+    plan: list[Assignment]
+    """One entry per role, in role order; it drives the fan-out."""
     findings: Annotated[list[Finding], operator.add]
     critique: str
     summary: str
@@ -102,7 +118,8 @@ class SpecialistTask(TypedDict):
     role: str
     document: str
     pool: PoolHandle
-    plan: str
+    focus: str
+    """The plan's focus for this role."""
 
 
 # ---------------------------------------------------------------- input and prompts
@@ -113,19 +130,44 @@ def role_prompt(role: str) -> str:
     return ROLE_PROMPTS.get(role, GENERIC_ROLE_PROMPT.format(role=role))
 
 
+def plan_schema(roles: Sequence[str]) -> dict[str, Any]:
+    """The JSON schema of the plan for ``roles``: one property per role (all required, in role order), each a
+    focus of 1 to :data:`PLAN_FOCUS_CHARS` characters without quotes, backslashes or control characters (no
+    escapes, so the focus's length bounds its JSON)."""
+    focus = rf'^[^"\\\x00-\x1f]{{1,{PLAN_FOCUS_CHARS}}}$'
+    return {
+        "title": "ReviewPlan",
+        "description": "What each specialist should check in the document.",
+        "type": "object",
+        "properties": {
+            role: {"type": "string", "pattern": focus, "description": f"What the {role} specialist checks."}
+            for role in roles
+        },
+        "required": list(roles),
+        "additionalProperties": False,
+    }
+
+
+def plan_token_budget(roles: Sequence[str]) -> int:
+    """Tokens that always suffice for the plan: its JSON's longest UTF-8 length (braces, each ``"role": "focus"``
+    at 4 bytes per focus character, separators), since every token adds at least one byte."""
+    entries = sum(len(json.dumps(role)) + len(': ""') + 4 * PLAN_FOCUS_CHARS for role in roles)
+    return len("{}") + entries + len(", ") * (len(roles) - 1)
+
+
 def planner_messages(roles: Sequence[str]) -> list[BaseMessage]:
     task = (
-        f"The specialists are: {', '.join(roles)}. In one line per specialist, say what each should check "
-        "in the document."
+        f"The specialists are: {', '.join(roles)}. For each specialist, say in a few words which part of the "
+        "document they should check."
     )
     return [SystemMessage(PLANNER_PROMPT), HumanMessage(task)]
 
 
-def specialist_messages(role: str, plan: str) -> list[BaseMessage]:
-    """What specialist ``role`` is asked, after the shared document prefix."""
+def specialist_messages(role: str, focus: str) -> list[BaseMessage]:
+    """What specialist ``role`` is asked, after the shared document prefix, given its focus from the plan."""
     task = (
-        f"The review plan:\n{plan.strip()}\n\nAs the {role} specialist, state your most important finding "
-        "about the document in one or two sentences."
+        f"Your focus, from the review plan: {focus.strip()}\n\nAs the {role} specialist, state your most important "
+        "finding about the document in one or two sentences."
     )
     return [SystemMessage(role_prompt(role)), HumanMessage(task)]
 
@@ -160,12 +202,14 @@ def check_input(state: State) -> dict[str, Any]:
 
 
 def assign_specialists(state: State) -> list[Send]:
-    """Fan out: one parallel ``specialist`` branch per role (a ``Send`` router, so not a ``Literal``)."""
+    """Fan out: one parallel ``specialist`` branch per entry of the typed plan (a ``Send`` router, so not a
+    ``Literal``)."""
     return [
         Send(
-            "specialist", SpecialistTask(role=role, document=state["document"], pool=state["pool"], plan=state["plan"])
+            "specialist",
+            SpecialistTask(role=entry["role"], focus=entry["focus"], document=state["document"], pool=state["pool"]),
         )
-        for role in state["roles"]
+        for entry in state["plan"]
     ]
 
 
@@ -198,12 +242,16 @@ def build_graph(
     )
 
     def planner(state: State) -> dict[str, Any]:
-        response = prefetch.invoke_role(state, "planner", planner_messages(state["roles"]))
-        return {"plan": str(response.text), "messages": [response]}
+        roles = state["roles"]
+        focus, response = prefetch.invoke_role_structured(
+            state, "planner", planner_messages(roles), plan_schema(roles), max_tokens=plan_token_budget(roles)
+        )
+        plan = [Assignment(role=role, focus=focus[role]) for role in roles]
+        return {"plan": plan, "messages": [response]}
 
     def specialist(task: SpecialistTask) -> dict[str, Any]:
         role = task["role"]
-        response = prefetch.invoke_role(task, role, specialist_messages(role, task["plan"]))
+        response = prefetch.invoke_role(task, role, specialist_messages(role, task["focus"]))
         finding = Finding(
             role=role,
             text=str(response.text),

@@ -19,7 +19,7 @@ deterministically from the document in state if the file is gone.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,10 +117,28 @@ class PrefetchDocument:
         Raises:
             ValueError: The prefetch node has not run yet in this workflow (no handle in state).
         """
-        chat = chat or self.chat
+        return self._over_document(state, chat or self.chat, lambda bound: bound)
+
+    def _over_document(
+        self, state: Mapping[str, Any], chat: ChatPolyKV, finish: Callable[[ChatPolyKV], Runnable]
+    ) -> Runnable:
+        """``finish(chat bound to the pool in state)``; for the baseline, the document goes in front of it instead."""
         if not self.share_pool:  # the baseline: the whole document goes in front of every call
             prefix = convert_to_messages(self.document_messages(state))
-            return RunnableLambda(lambda value: [*prefix, *_as_messages(value)]) | chat
+            return RunnableLambda(lambda value: [*prefix, *_as_messages(value)]) | finish(chat)
+        return finish(self.pooled_model(state, chat))
+
+    def pooled_model(self, state: Mapping[str, Any], chat: ChatPolyKV | None = None) -> ChatPolyKV:
+        """``chat`` (default: this node's chat model) bound to the pool in ``state``, as a chat model (what
+        ``bind_tools`` and agent factories need); unlike :meth:`pooled_chat`, there is no baseline form.
+
+        Raises:
+            ValueError: The prefetch node has not run yet (no handle in state), or ``share_pool`` is off.
+        """
+        if not self.share_pool:
+            msg = "pooled_model needs a pool; with share_pool=False use pooled_chat, which puts the document in front"
+            raise ValueError(msg)
+        chat = chat or self.chat
         handle = state.get(self.pool_key)
         if handle is None:
             msg = (
@@ -134,11 +152,43 @@ class PrefetchDocument:
         document = self.document_messages(state) if state.get(self.document_key) else None
         return chat.with_pool(handle, document=document)
 
+    @staticmethod
+    def _as_role(runnable: Runnable, role: str) -> Runnable:
+        # Tagged role:<role> (metadata agent_role) so stream_mode="messages" can tell parallel branches apart.
+        return runnable.with_config(metadata={"agent_role": role}, tags=[f"role:{role}"])
+
     def invoke_role(self, state: Mapping[str, Any], role: str, messages: Sequence[BaseMessage]) -> AIMessage:
         """One role's call over the pool in ``state``: the reply is named after the role, and the call is
         tagged ``role:<role>`` (metadata ``agent_role``) so ``stream_mode="messages"`` can tell parallel
         branches of one node apart."""
-        chat = self.pooled_chat(state).with_config(metadata={"agent_role": role}, tags=[f"role:{role}"])
-        response = chat.invoke(list(messages))
+        response = self._as_role(self.pooled_chat(state), role).invoke(list(messages))
         response.name = role
         return response
+
+    def invoke_role_structured(
+        self,
+        state: Mapping[str, Any],
+        role: str,
+        messages: Sequence[BaseMessage],
+        schema: Any,
+        *,
+        max_tokens: int | None = None,
+    ) -> tuple[Any, AIMessage]:
+        """One role's call over the pool in ``state`` that answers in ``schema`` (a pydantic model, TypedDict or
+        JSON schema), decoded under its grammar: the parsed answer, and the raw reply named after the role.
+
+        Args:
+            max_tokens: This call's token budget (default: the chat model's).
+
+        Raises:
+            OutputParserException: The answer does not parse (it was cut by ``max_tokens``).
+        """
+        chat = self.chat if max_tokens is None else self.chat.model_copy(update={"max_tokens": max_tokens})
+        structured = self._over_document(
+            state, chat, lambda bound: bound.with_structured_output(schema, include_raw=True)
+        )
+        result = self._as_role(structured, role).invoke(list(messages))
+        result["raw"].name = role
+        if result["parsing_error"] is not None:
+            raise result["parsing_error"]
+        return result["parsed"], result["raw"]

@@ -171,7 +171,21 @@ def test_pool_is_built_once_and_every_role_reads_all_of_it(runs, name, n_roles):
     assert {m.response_metadata["pool_digest"] for m in messages} == {handle.digest}
     assert isinstance(run.result[FINAL[name]], str)
     if name == "document_review":
-        assert all(isinstance(run.result[key], str) for key in ("plan", "critique", "summary"))
+        assert all(isinstance(run.result[key], str) for key in ("critique", "summary"))
+
+
+@pytest.mark.parametrize("n_roles", [3, 15])
+def test_the_review_plan_is_typed_and_drives_the_fan_out(runs, n_roles):
+    """The planner answers under the plan's grammar: one bounded focus per role, in role order, and each
+    specialist was asked about its own entry (its prompt holds that focus, nothing parsed from free text)."""
+    run = runs("document_review", n_roles)
+    plan = run.result["plan"]
+    assert [entry["role"] for entry in plan] == run.roles
+    assert all(1 <= len(entry["focus"]) <= document_review.PLAN_FOCUS_CHARS for entry in plan)
+    planner = next(m for m in run.result["messages"] if m.name == "planner")
+    assert planner.usage_metadata["output_tokens"] <= document_review.plan_token_budget(run.roles)
+    sends = document_review.assign_specialists(run.result)
+    assert [(send.arg["role"], send.arg["focus"]) for send in sends] == [(e["role"], e["focus"]) for e in plan]
 
 
 @pytest.mark.parametrize("name", ["document_review", "role_swarm"])
@@ -207,11 +221,12 @@ def test_second_run_over_the_same_document_reuses_the_pool(runs, name):
 def test_fifteen_parallel_branches_equal_their_sequential_greedy_calls(runs, name):
     run = runs(name, 15)
     chat = ChatPolyKV(max_tokens=MAX_TOKENS).with_pool(run.handle)
+    focus = {entry["role"]: entry["focus"] for entry in run.result.get("plan", [])}
     for record in run.records:
         if name == "role_swarm":
             messages = role_swarm.role_messages(record["role"], QUESTION)
         else:
-            messages = document_review.specialist_messages(record["role"], run.result["plan"])
+            messages = document_review.specialist_messages(record["role"], focus[record["role"]])
         sequential = chat.invoke(messages)
         assert sequential.text == record["text"], record["role"]
         assert cache_read(sequential) == record["cache_read"]
@@ -297,13 +312,13 @@ def test_importing_the_graph_modules_loads_no_model():
     # A fresh interpreter: importing builds both exported graphs, which must not load weights (chat models
     # load on their first call), so `langgraph dev` starts quickly.
     code = (
-        "import graphs.document_review, graphs.role_swarm; from polykv_agents import models; "
+        "import graphs.document_review, graphs.role_swarm, graphs.document_agent; from polykv_agents import models; "
         "assert models._LOADED == {}, models._LOADED; "
-        "print(graphs.document_review.graph.name, graphs.role_swarm.graph.name)"
+        "print(graphs.document_review.graph.name, graphs.role_swarm.graph.name, graphs.document_agent.graph.name)"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["document_review", "role_swarm"]
+    assert done.stdout.split() == ["document_review", "role_swarm", "document_agent"]
 
 
 # ---------------------------------------------------------------- examples
@@ -320,6 +335,19 @@ def test_example_document_review(smollm, capsys):
     assert "[plan]" in out and "[legal] (cache_read=" in out and "[summary]" in out
     assert "pools built in this run: 1" in out
     assert len(state["findings"]) == 2
+
+
+def test_example_react_agent(smollm, capsys):
+    """The ReAct-style agent on SmolLM2: it looks the question up (ToolFirstMiddleware), the call parses and runs,
+    and every model call of the loop reads the document from the one pool the run built."""
+    state = example("react_agent")(document=document("example-agent"), max_tokens=48)
+    out = capsys.readouterr().out
+    assert "[model] calls search_document(" in out or "[model] calls percent_change(" in out
+    assert "pools built in this run: 1" in out
+    calls = [m for m in state["messages"] if isinstance(m, AIMessage) and m.usage_metadata]
+    assert calls[0].tool_calls and len(calls) <= 4
+    assert {cache_read(m) for m in calls} == {state["pool"].num_tokens}
+    assert any(m.type == "tool" and m.tool_call_id == calls[0].tool_calls[0]["id"] for m in state["messages"])
 
 
 def test_example_stream_parallel_nodes(smollm, capsys):
