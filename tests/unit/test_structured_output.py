@@ -219,3 +219,20 @@ def test_closing_objects_touches_only_schema_positions():
     assert closed["default"] == {"properties": 1}  # data, not schema
     assert closed["allOf"] == schema["allOf"]  # closing each member would make the combination unsatisfiable
     json_schema_grammar(closed)
+
+
+def test_the_mask_matches_llguidances_own_reference_at_every_step(tiny_tok):
+    """Our bit unpacking (numpy, any dtype or device) against llguidance's numpy kernel, along a whole answer."""
+    import llguidance.numpy
+    import numpy as np
+
+    text = '{"title":"drought","severity":4,"tags":["water","risk"]}'  # compact: the grammar allows no free spaces
+    constraint = TokenConstraint(json_schema_grammar(Finding.model_json_schema()), tiny_tok, 330, [2])
+    for token in [*tiny_tok(text, add_special_tokens=False).input_ids, 2]:
+        logits = torch.randn(330)
+        expected = logits.numpy().copy()[None]
+        llguidance.numpy.fill_next_token_bitmask(constraint._matcher, bitmask := np.zeros((1, 11), np.int32))
+        llguidance.numpy.apply_token_bitmask_inplace(expected, bitmask)
+        assert torch.equal(constraint.mask_(logits.clone()), torch.from_numpy(expected[0]))
+        constraint.advance(token)
+    assert constraint.finished
