@@ -64,7 +64,7 @@ def rewrite(path, edit) -> None:
 
 def recompute_header_checksum(header: dict) -> None:
     """What a careful forger would do after an edit (the store's checksum of its own metadata)."""
-    from polykv_agents.store import _header_checksum
+    from polykv_agents.pool_record import _header_checksum
 
     header.pop("header_checksum")
     header["header_checksum"] = _header_checksum(header)
