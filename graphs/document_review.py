@@ -27,7 +27,7 @@ import operator
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
@@ -39,8 +39,11 @@ from typing_extensions import NotRequired, TypedDict
 from polykv_agents.chat_model import ChatPolyKV
 from polykv_agents.handle import PoolHandle
 from polykv_agents.prefetch import PrefetchDocument
-from polykv_agents.roles import MAX_ROLES, cache_read, check_roles, check_text, role_chat_model
+from polykv_agents.roles import MAX_ROLES, cache_read, check_roles, check_text, cluster_from_env, role_chat_model
 from polykv_agents.store import PoolStore
+
+if TYPE_CHECKING:
+    from polykv_agents.distributed import RayCluster
 
 DEFAULT_MAX_TOKENS = 128
 """Tokens per answer when ``build_graph`` makes its own chat model."""
@@ -224,6 +227,7 @@ def build_graph(
     max_tokens: int | None = None,
     name: str = "document_review",
     share_pool: bool = True,
+    cluster: RayCluster | None = None,
 ) -> CompiledStateGraph:
     """The compiled document-review graph. Nothing is loaded until the first run.
 
@@ -236,9 +240,14 @@ def build_graph(
         name: The compiled graph's name.
         share_pool: ``False`` builds the baseline benchmarks compare with: no pool, every call prefills
             the document again.
+        cluster: A :class:`polykv_agents.distributed.RayCluster`: the pool is built on one of its nodes and every
+            role call runs on its workers, one model replica per node (``None``: all in this process).
     """
     prefetch = PrefetchDocument(
-        role_chat_model(chat, max_tokens, default_max_tokens=DEFAULT_MAX_TOKENS), store=store, share_pool=share_pool
+        role_chat_model(chat, max_tokens, default_max_tokens=DEFAULT_MAX_TOKENS),
+        store=store,
+        share_pool=share_pool,
+        cluster=cluster,
     )
 
     def planner(state: State) -> dict[str, Any]:
@@ -290,4 +299,5 @@ def build_graph(
 
 # For `langgraph dev` (langgraph.json): POLYKV_POOL_STORE names a pool directory, so threads resumed
 # after a server restart reload their pool instead of prefilling the document again.
-graph = build_graph(store=os.environ.get("POLYKV_POOL_STORE") or None)
+# POLYKV_RAY_ADDRESS sends the role calls to a Ray cluster (polykv_agents.roles.cluster_from_env).
+graph = build_graph(store=os.environ.get("POLYKV_POOL_STORE") or None, cluster=cluster_from_env())

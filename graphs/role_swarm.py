@@ -21,7 +21,7 @@ import operator
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
@@ -33,8 +33,11 @@ from typing_extensions import NotRequired, TypedDict
 from polykv_agents.chat_model import ChatPolyKV
 from polykv_agents.handle import PoolHandle
 from polykv_agents.prefetch import PrefetchDocument
-from polykv_agents.roles import MAX_ROLES, cache_read, check_roles, check_text, role_chat_model
+from polykv_agents.roles import MAX_ROLES, cache_read, check_roles, check_text, cluster_from_env, role_chat_model
 from polykv_agents.store import PoolStore
+
+if TYPE_CHECKING:
+    from polykv_agents.distributed import RayCluster
 
 DEFAULT_MAX_TOKENS = 128
 """Tokens per answer when ``build_graph`` makes its own chat model."""
@@ -148,6 +151,7 @@ def build_graph(
     checkpointer: Checkpointer = None,
     max_tokens: int | None = None,
     name: str = "role_swarm",
+    cluster: RayCluster | None = None,
 ) -> CompiledStateGraph:
     """The compiled role-swarm graph. Nothing is loaded until the first run.
 
@@ -158,8 +162,12 @@ def build_graph(
         checkpointer: A LangGraph checkpointer (e.g. ``InMemorySaver``, ``SqliteSaver``) for threads.
         max_tokens: Tokens per answer; overrides ``chat.max_tokens`` when given.
         name: The compiled graph's name.
+        cluster: A :class:`polykv_agents.distributed.RayCluster`: the pool is built on one of its nodes and every
+            role call runs on its workers, one model replica per node (``None``: all in this process).
     """
-    prefetch = PrefetchDocument(role_chat_model(chat, max_tokens, default_max_tokens=DEFAULT_MAX_TOKENS), store=store)
+    prefetch = PrefetchDocument(
+        role_chat_model(chat, max_tokens, default_max_tokens=DEFAULT_MAX_TOKENS), store=store, cluster=cluster
+    )
 
     def role_answer(task: RoleTask) -> dict[str, Any]:
         response = prefetch.invoke_role(task, task["role"], role_messages(task["role"], task["question"]))
@@ -194,4 +202,5 @@ def build_graph(
 
 # For `langgraph dev` (langgraph.json): POLYKV_POOL_STORE names a pool directory, so threads resumed
 # after a server restart reload their pool instead of prefilling the document again.
-graph = build_graph(store=os.environ.get("POLYKV_POOL_STORE") or None)
+# POLYKV_RAY_ADDRESS sends the role calls to a Ray cluster (polykv_agents.roles.cluster_from_env).
+graph = build_graph(store=os.environ.get("POLYKV_POOL_STORE") or None, cluster=cluster_from_env())

@@ -54,9 +54,17 @@ class PoolHandle(BaseModel):
     """Directory of a :class:`~polykv_agents.store.PoolStore` holding a saved copy, as an absolute path;
     ``None``: the pool lives only in the registry of the process that built it."""
 
+    object_id: str | None = Field(default=None, pattern=r"^[0-9a-f]+$")
+    """The pool's object in a Ray cluster's object store (``ObjectRef.hex()``), when it was published there
+    (:mod:`polykv_agents.distributed`); the ref itself stays with the cluster's pool directory, which
+    workers ask by digest. ``None``: not published."""
+
     @classmethod
-    def from_pool(cls, pool: SharedKVPool, store_dir: str | os.PathLike[str] | None = None) -> PoolHandle:
-        """The handle of ``pool``; ``store_dir`` is where it was saved, if it was.
+    def from_pool(
+        cls, pool: SharedKVPool, store_dir: str | os.PathLike[str] | None = None, *, object_id: str | None = None
+    ) -> PoolHandle:
+        """The handle of ``pool``; ``store_dir`` is where it was saved, if it was, ``object_id`` where it was
+        published, if it was.
 
         The directory is made absolute so a thread resumed from another working directory finds it.
         """
@@ -67,4 +75,5 @@ class PoolHandle(BaseModel):
             num_tokens=pool.num_tokens,
             nbytes=pool.nbytes,
             store_dir=None if store_dir is None else str(Path(store_dir).absolute()),
+            object_id=object_id,
         )

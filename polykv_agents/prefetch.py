@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, convert_to_messages
 from langchain_core.prompt_values import PromptValue
@@ -33,6 +33,9 @@ from polykv_agents.handle import PoolHandle
 from polykv_agents.models import load_model
 from polykv_agents.registry import POOL_REGISTRY, PoolRegistry
 from polykv_agents.store import PoolStore
+
+if TYPE_CHECKING:
+    from polykv_agents.distributed import RayCluster
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +68,9 @@ class PrefetchDocument:
         registry: The pool registry (the process-wide one by default).
         share_pool: ``False`` turns the node into the baseline that benchmarks compare with: no pool
             is built, and every role call prefills the document again, as a plain local chat model does.
+        cluster: A :class:`polykv_agents.distributed.RayCluster`: the pool is built on one of its nodes and
+            published to its object store, and every role call runs on its workers (the switch that sends
+            a graph's role nodes to Ray). ``None``: everything runs in this process.
     """
 
     def __init__(
@@ -78,7 +84,16 @@ class PrefetchDocument:
         pool_key: str = "pool",
         registry: PoolRegistry = POOL_REGISTRY,
         share_pool: bool = True,
+        cluster: RayCluster | None = None,
     ) -> None:
+        if cluster is not None:
+            if not share_pool:
+                msg = "share_pool=False (the no-pool baseline) cannot run on a cluster; pass cluster=None"
+                raise ValueError(msg)
+            from polykv_agents.distributed import RayChatPolyKV  # Ray is an optional extra
+
+            chat = RayChatPolyKV.on(cluster, chat)
+        self.cluster = cluster
         self.chat = chat
         self.config = config or CompressionConfig()
         self.store = store if isinstance(store, PoolStore) or store is None else PoolStore(store)
@@ -104,11 +119,15 @@ class PrefetchDocument:
         if not self.share_pool:
             self.document_messages(state)  # same input check as with a pool
             return {self.pool_key: None}
+        store_dir = None if self.store is None else self.store.directory  # get_or_build saves it there
+        if self.cluster is not None:
+            store = None if store_dir is None else str(store_dir.absolute())
+            handle = self.cluster.prefetch(self.document_messages(state), config=self.config, store_dir=store)
+            return {self.pool_key: handle}
         model, tokenizer = load_model(self.chat.model, device=self.chat.device)
         pool = self.registry.get_or_build(
             model, tokenizer, self.document_messages(state), config=self.config, store=self.store
         )
-        store_dir = None if self.store is None else self.store.directory  # get_or_build saved it there
         return {self.pool_key: PoolHandle.from_pool(pool, store_dir=store_dir)}
 
     def pooled_chat(self, state: Mapping[str, Any], chat: ChatPolyKV | None = None) -> Runnable:

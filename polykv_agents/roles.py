@@ -6,12 +6,19 @@ graph file on its own: both graphs import these from here instead of repeating t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage
 
 from polykv_agents.chat_model import ChatPolyKV
+
+if TYPE_CHECKING:
+    from polykv_agents.distributed import RayCluster
+
+RAY_ADDRESS_VARIABLE = "POLYKV_RAY_ADDRESS"
+"""Environment variable that sends the exported graphs' role calls to a Ray cluster (see :func:`cluster_from_env`)."""
 
 MAX_ROLES = 15
 """Most parallel roles one run accepts: 15 parallel calls over one pool is the bound the tests cover (15 branches
@@ -75,3 +82,14 @@ def role_chat_model(chat: ChatPolyKV | None, max_tokens: int | None, *, default_
     if chat is None:
         return ChatPolyKV(max_tokens=default_max_tokens if max_tokens is None else max_tokens)
     return chat if max_tokens is None else chat.model_copy(update={"max_tokens": max_tokens})
+
+
+def cluster_from_env() -> RayCluster | None:
+    """The Ray cluster at ``$POLYKV_RAY_ADDRESS`` (``auto``: the one this machine belongs to), or ``None`` when the
+    variable is unset. Connects on the first call, not here, so importing a graph file stays cheap."""
+    address = os.environ.get(RAY_ADDRESS_VARIABLE)
+    if not address:
+        return None
+    from polykv_agents.distributed import RayCluster  # Ray is an optional extra
+
+    return RayCluster(address=address)

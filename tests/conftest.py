@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+# Before Ray is imported anywhere: Ray's own local test clusters then live on loopback only (Ray binds its
+# services to the address this setting makes it pick), and Ray sends no usage statistics.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import pytest
 import torch

@@ -1,0 +1,89 @@
+"""RayChatPolyKV: a ChatPolyKV whose calls run on a RayCluster's workers instead of in this process.
+
+Everything a ChatPolyKV does on top of a call stays here, unchanged: ``bind_tools`` and
+``with_structured_output`` bind their kwargs (tools, ``response_format``) here, parsers run here. Only the
+call itself travels: (the chat model's settings, the messages, the call's kwargs, the pool handle, the
+document) -> a worker on some node -> its AIMessage back. A worker dying mid-call is the cluster's
+business (:meth:`RayCluster.invoke` sends the call elsewhere).
+
+Streaming yields the whole answer as one chunk: the tokens are decoded on another machine.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessageChunk, BaseMessage
+from langchain_core.outputs import ChatGenerationChunk
+from pydantic import PrivateAttr
+
+from polykv_agents.chat_model import ChatPolyKV
+from polykv_agents.distributed.cluster import RayCluster
+from polykv_agents.documents import Document
+from polykv_agents.handle import PoolHandle
+from polykv_agents.pool import SharedKVPool
+
+# The fields that say which pool to read: sent as the call's handle and document, not as settings.
+_POOL_FIELDS = {"pool", "pool_document"}
+# ChatPolyKV's own settings (model, max_tokens, temperature, ...): what a worker needs to make the same call.
+# BaseChatModel's fields (callbacks, cache, rate limiter, ...) belong to this process and stay here.
+_SETTINGS = tuple(name for name in ChatPolyKV.model_fields if name not in {*BaseChatModel.model_fields, *_POOL_FIELDS})
+
+
+class RayChatPolyKV(ChatPolyKV):
+    """A ChatPolyKV that answers on a :class:`RayCluster` (build one with :meth:`on`)."""
+
+    _cluster: RayCluster | None = PrivateAttr(default=None)
+
+    @classmethod
+    def on(cls, cluster: RayCluster, chat: ChatPolyKV | None = None) -> RayChatPolyKV:
+        """``chat`` (default: a ChatPolyKV of the cluster's model) with its calls sent to ``cluster``."""
+        chat = chat or ChatPolyKV(model=cluster.model)
+        remote = cls(**{name: getattr(chat, name) for name in (*_SETTINGS, *_POOL_FIELDS)})
+        remote._cluster = cluster
+        return remote
+
+    @property
+    def cluster(self) -> RayCluster:
+        if self._cluster is None:
+            msg = "this RayChatPolyKV has no cluster; build it with RayChatPolyKV.on(cluster, chat)"
+            raise ValueError(msg)
+        return self._cluster
+
+    def with_pool(self, pool: PoolHandle | SharedKVPool, *, document: Document | None = None) -> RayChatPolyKV:
+        """A copy that reads ``pool``; a pool object built in this process is published to the cluster first."""
+        if isinstance(pool, SharedKVPool):
+            pool = self.cluster.publish(pool)
+        return self.model_copy(update={"pool": pool, "pool_document": document})  # keeps the cluster
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        """The call, run on a worker, as one chunk (ChatPolyKV's ``_generate`` and async paths call this)."""
+        kwargs.pop("ls_structured_output_format", None)  # tracing metadata, read here; it may hold a class
+        settings = {name: getattr(self, name) for name in _SETTINGS}
+        message = self.cluster.invoke(settings, messages, {**kwargs, "stop": stop}, self.pool, self.pool_document)
+        tool_call_chunks = [
+            {"name": call["name"], "args": json.dumps(call["args"]), "id": call["id"], "index": index}
+            for index, call in enumerate(message.tool_calls)
+        ]
+        chunk = AIMessageChunk(
+            content=message.content,
+            tool_call_chunks=tool_call_chunks,
+            usage_metadata=message.usage_metadata,
+            response_metadata=message.response_metadata,
+            chunk_position="last",
+        )
+        if run_manager is not None and message.text:
+            run_manager.on_llm_new_token(message.text, chunk=ChatGenerationChunk(message=chunk))
+        yield ChatGenerationChunk(
+            message=chunk, generation_info={"finish_reason": message.response_metadata.get("finish_reason")}
+        )

@@ -1,0 +1,185 @@
+"""Agents on a local multi-node Ray cluster (ray.cluster_utils.Cluster: a head and 2 nodes, loopback only), on a
+tiny random checkpoint: one pool build per document, one pool transfer per node however many agents call,
+answers equal to the single-process run, a killed worker's calls retried on another node, and a lost pool
+owner (or the only node holding the pool) recovered from the store or the document."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import ray
+from langchain_core.messages import HumanMessage, SystemMessage
+from ray.cluster_utils import Cluster
+
+from graphs import role_swarm
+from polykv_agents import CompressionConfig, load_model
+from polykv_agents.chat_model import ChatPolyKV
+from polykv_agents.distributed import RayChatPolyKV, RayCluster
+from polykv_agents.distributed.directory import DIRECTORY_NAME, pool_directory
+from polykv_agents.registry import POOL_REGISTRY
+
+MIB = 2**20
+NODE = {"num_cpus": 2, "object_store_memory": 96 * MIB, "node_ip_address": "127.0.0.1"}
+WORKER_CPUS = 0.5  # so the clusters of several tests fit on the same nodes
+DOCUMENT = [
+    {"role": "system", "content": "You are one of several specialists."},
+    {"role": "user", "content": "The register lists three risks: drought, ageing mains and workforce. " * 6},
+]
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    """A head plus 2 worker nodes on loopback; yields the Cluster."""
+    cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
+    for _ in range(2):
+        cluster.add_node(**NODE)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, namespace="polykv-tests", _node_ip_address="127.0.0.1")
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.fixture
+def namespace(request) -> str:
+    """A namespace of the test's own: its own pool directory."""
+    return f"polykv-{request.node.name}"[:60]
+
+
+def wait_until_gone(name: str, namespace: str) -> None:
+    for _ in range(50):
+        try:
+            ray.get_actor(name, namespace=namespace)
+        except ValueError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"actor {name} is still alive")
+
+
+def make_cluster(model_dir: str, namespace: str, **kwargs) -> RayCluster:
+    return RayCluster(model=model_dir, namespace=namespace, num_cpus=WORKER_CPUS, **kwargs)
+
+
+def questions(n: int) -> list[list]:
+    return [[SystemMessage(f"You are analyst {i}."), HumanMessage("What is the main risk?")] for i in range(n)]
+
+
+def local_answers(
+    model_dir: str, batch: list[list], max_tokens: int, config: CompressionConfig | None = None
+) -> list[str]:
+    model, tokenizer = load_model(model_dir)
+    pool = POOL_REGISTRY.get_or_build(model, tokenizer, DOCUMENT, config=config)
+    chat = ChatPolyKV(model=model_dir, max_tokens=max_tokens).with_pool(pool)
+    return [chat.invoke(messages).content for messages in batch]
+
+
+def test_fifteen_agents_build_the_pool_once_and_each_node_fetches_it_once(nodes, tiny_model_dir, namespace):
+    cluster = make_cluster(tiny_model_dir, namespace)
+    # Uncompressed, so the tiny pool (about 140 KiB) goes through the shared-memory object store: Ray sends objects
+    # under 100 KiB inline, with no copy on any node to count.
+    config = CompressionConfig.full_precision()
+    try:
+        handle = cluster.prefetch(DOCUMENT, config=config)
+        chat = RayChatPolyKV.on(cluster, ChatPolyKV(model=tiny_model_dir, max_tokens=8)).with_pool(handle)
+        answers = chat.batch(questions(15), config={"max_concurrency": 15})
+
+        assert all(a.usage_metadata["input_token_details"]["cache_read"] == handle.num_tokens for a in answers)
+        assert [a.content for a in answers] == local_answers(tiny_model_dir, questions(15), 8, config)
+        assert cluster.directory_stats()["builds"] == {handle.digest: 1}
+        stats = cluster.stats()
+        assert len(stats) == 3 and sorted(s["calls"] for s in stats) == [5, 5, 5]  # spread over the nodes
+        builders = [s for s in stats if s["builds"]]
+        assert len(builders) == 1 and builders[0]["fetches"] == {}  # the building node reads its own pool
+        fetchers = [s for s in stats if not s["builds"]]
+        assert all(s["fetches"] == {handle.digest: 1} for s in fetchers)  # once per node, not per agent
+        # What crossed, as Ray itself reports it: the pool's object has one copy per node, of the size fetched.
+        location = cluster.pool_locations(handle.digest)
+        assert sorted(location["node_ids"]) == sorted(s["node_id"] for s in stats)
+        assert all(0 < s["fetched_nbytes"][handle.digest] <= location["object_size"] for s in fetchers)
+        assert handle.object_id == cluster.directory_stats()["objects"][handle.digest]
+    finally:
+        cluster.shutdown()
+
+
+def test_a_graph_dispatched_to_the_cluster_answers_as_the_single_process_run(nodes, tiny_model_dir, namespace):
+    cluster = make_cluster(tiny_model_dir, namespace)
+    chat = ChatPolyKV(model=tiny_model_dir, max_tokens=8)
+    inputs = {"document": DOCUMENT[1]["content"], "question": "What is the main risk?", "roles": ["a", "b", "c", "d"]}
+    try:
+        remote = role_swarm.build_graph(chat=chat, cluster=cluster).invoke(inputs)
+        local = role_swarm.build_graph(chat=chat).invoke(inputs)
+        assert remote["answers"] and sorted(map(str, remote["answers"])) == sorted(map(str, local["answers"]))
+        assert remote["answer"] == local["answer"]
+        assert remote["pool"].digest == local["pool"].digest and remote["pool"].object_id is not None
+        assert cluster.directory_stats()["builds"] == {remote["pool"].digest: 1}
+    finally:
+        cluster.shutdown()
+
+
+def test_the_calls_of_a_killed_worker_are_retried_on_another_node(nodes, tiny_model_dir, namespace):
+    cluster = make_cluster(tiny_model_dir, namespace)
+    try:
+        handle = cluster.prefetch(DOCUMENT)
+        chat = RayChatPolyKV.on(cluster, ChatPolyKV(model=tiny_model_dir, max_tokens=48)).with_pool(handle)
+        batch = questions(9)
+        victim = cluster.stats()[1]
+        started = threading.Event()
+
+        def kill_when_started() -> None:
+            started.wait()
+            time.sleep(0.3)  # the calls are in flight
+            os.kill(victim["pid"], signal.SIGKILL)
+
+        with ThreadPoolExecutor(1) as killer:
+            killer.submit(kill_when_started)
+            started.set()
+            answers = chat.batch(batch, config={"max_concurrency": 9})
+        assert [a.content for a in answers] == local_answers(tiny_model_dir, batch, 48)
+        assert victim["node_id"] not in cluster.workers()  # the run went on without that node
+        assert len(cluster.workers()) == 2
+    finally:
+        cluster.shutdown()
+
+
+@pytest.mark.parametrize("with_store", [True, False])
+def test_a_lost_pool_owner_is_recovered_from_the_store_or_the_document(
+    nodes, tiny_model_dir, namespace, tmp_path, with_store
+):
+    first = make_cluster(tiny_model_dir, namespace)
+    handle = first.prefetch(DOCUMENT, store_dir=str(tmp_path) if with_store else None)
+    first.shutdown()
+    ray.kill(pool_directory(namespace))  # the owner of every published pool of this namespace
+    wait_until_gone(DIRECTORY_NAME, namespace)
+    second = make_cluster(tiny_model_dir, namespace)  # fresh workers: no node holds the pool any more
+    try:
+        chat = RayChatPolyKV.on(second, ChatPolyKV(model=tiny_model_dir, max_tokens=8))
+        chat = chat.with_pool(handle, document=DOCUMENT)
+        answers = [chat.invoke(messages).content for messages in questions(3)]
+        assert answers == local_answers(tiny_model_dir, questions(3), 8)
+        builds = sum(s["builds"].get(handle.digest, 0) for s in second.stats())
+        assert builds == (0 if with_store else 1)  # loaded from the store, else rebuilt from the document
+        assert second.directory_stats()["publications"] == {handle.digest: 1}  # and published again
+    finally:
+        second.shutdown()
+
+
+def test_a_pool_whose_only_node_is_lost_is_rebuilt_from_the_document(nodes, tiny_model_dir, namespace):
+    """Last in this module: it removes a node for good."""
+    doomed = nodes.add_node(**NODE)
+    nodes.wait_for_nodes()
+    builder = make_cluster(tiny_model_dir, namespace, nodes=[doomed.node_id])
+    handle = builder.prefetch(DOCUMENT)  # its only copy lives on the doomed node
+    nodes.remove_node(doomed)
+    others = make_cluster(tiny_model_dir, namespace, nodes=[n["NodeID"] for n in ray.nodes() if n["Alive"]])
+    try:
+        chat = RayChatPolyKV.on(others, ChatPolyKV(model=tiny_model_dir, max_tokens=8))
+        chat = chat.with_pool(handle, document=DOCUMENT)
+        assert chat.invoke(questions(1)[0]).content == local_answers(tiny_model_dir, questions(1), 8)[0]
+        assert sum(s["builds"].get(handle.digest, 0) for s in others.stats()) == 1
+    finally:
+        others.shutdown()
