@@ -28,4 +28,6 @@ polykv-agents bench agents --document "$doc" --agents 15 --context-tokens 2048 -
 python benchmarks/graph_e2e.py --contexts 2048 4096 --roles 15 --max-tokens 32 --repetitions 2 \
     --out "$out/graph_e2e.json"
 python benchmarks/load_soak.py --out "$out/load_soak.json"   # figures quoted in docs/RELIABILITY.md
+python benchmarks/grammar_overhead.py --out "$out/grammar_overhead.json"   # quoted in README.md
+python benchmarks/ray_scale_out.py --out "$out/ray_scale_out.json"         # quoted in docs/DISTRIBUTED.md
 python benchmarks/render_results.py

@@ -113,6 +113,11 @@ class RayCluster:
                     )
             return dict(self._workers)
 
+    def warm_up(self) -> dict[str, float]:
+        """Start every node's worker and load its model replica now; node id -> seconds the load took."""
+        workers = self.workers()
+        return dict(zip(workers, ray.get([worker.load.remote() for worker in workers.values()]), strict=True))
+
     def _drop(self, node_id: str, worker: Any) -> None:
         with self._lock:
             if self._workers.get(node_id) is worker:
@@ -187,6 +192,29 @@ class RayCluster:
         it: every node that fetched the pool holds one copy, what crossed to it."""
         self._connect()
         return ray.get(pool_directory(self.namespace).locations.remote(digest))
+
+    def object_store_stats(self) -> dict[str, dict[str, int]]:
+        """Each alive node's object store, as its raylet reports it: bytes ``used``, bytes of ``primary`` copies
+        (objects created on that node), ``secondary`` = used - primary (copies pulled in from other nodes), and
+        ``cumulative_created`` (every byte ever written there, pulls included). Read through Ray's internal
+        ``node_stats`` call, the one ``ray memory`` makes (needs grpcio, part of the ``ray`` extra)."""
+        from ray._private import internal_api  # no public API gives per-node store counters without ray[default]
+
+        self._connect()
+        stats = {}
+        for node in ray.nodes():
+            if node["Alive"]:
+                store = internal_api.node_stats(
+                    node["NodeManagerAddress"], node["NodeManagerPort"], include_memory_info=False
+                ).store_stats
+                used, primary = int(store.object_store_bytes_used), int(store.object_store_bytes_primary_copy)
+                stats[node["NodeID"]] = {
+                    "used": used,
+                    "primary": primary,
+                    "secondary": used - primary,
+                    "cumulative_created": int(store.cumulative_created_bytes),
+                }
+        return stats
 
     def directory_stats(self) -> dict[str, Any]:
         """The pool directory's builds and publications per digest."""

@@ -71,6 +71,12 @@ class NodeWorker:
     def _model(self):
         return load_model(self._model_name, device=self._device)
 
+    def load(self) -> float:
+        """Load this node's model replica now (else the first call does); returns the seconds it took."""
+        started = time.perf_counter()
+        self._model()
+        return time.perf_counter() - started
+
     # ---------------------------------------------------------------- pools
 
     def build(
@@ -169,11 +175,12 @@ class NodeWorker:
 
     def stats(self) -> dict[str, Any]:
         """What this node fetched, built and holds, measured in this process."""
-        process = psutil.Process(os.getpid())
+        memory = psutil.Process(os.getpid()).memory_full_info()
         return {
             "node_id": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),
-            "rss_bytes": process.memory_info().rss,
+            "rss_bytes": memory.rss,
+            "uss_bytes": memory.uss,  # this process's own pages: without the node's shared object store
             "calls": self.calls,
             "fetches": dict(self.fetches),
             "fetched_nbytes": dict(self.fetched_nbytes),

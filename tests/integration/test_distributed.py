@@ -101,6 +101,9 @@ def test_fifteen_agents_build_the_pool_once_and_each_node_fetches_it_once(nodes,
         location = cluster.pool_locations(handle.digest)
         assert sorted(location["node_ids"]) == sorted(s["node_id"] for s in stats)
         assert all(0 < s["fetched_nbytes"][handle.digest] <= location["object_size"] for s in fetchers)
+        store = cluster.object_store_stats()  # each raylet's own counters
+        assert store[builders[0]["node_id"]]["primary"] >= location["object_size"]
+        assert all(store[s["node_id"]]["secondary"] >= location["object_size"] for s in fetchers)
         assert handle.object_id == cluster.directory_stats()["objects"][handle.digest]
     finally:
         cluster.shutdown()
@@ -125,7 +128,8 @@ def test_the_calls_of_a_killed_worker_are_retried_on_another_node(nodes, tiny_mo
     cluster = make_cluster(tiny_model_dir, namespace)
     try:
         handle = cluster.prefetch(DOCUMENT)
-        chat = RayChatPolyKV.on(cluster, ChatPolyKV(model=tiny_model_dir, max_tokens=48)).with_pool(handle)
+        # Long answers (160 tokens), so the kill lands while the victim's calls are decoding.
+        chat = RayChatPolyKV.on(cluster, ChatPolyKV(model=tiny_model_dir, max_tokens=160)).with_pool(handle)
         batch = questions(9)
         victim = cluster.stats()[1]
         started = threading.Event()
@@ -139,7 +143,7 @@ def test_the_calls_of_a_killed_worker_are_retried_on_another_node(nodes, tiny_mo
             killer.submit(kill_when_started)
             started.set()
             answers = chat.batch(batch, config={"max_concurrency": 9})
-        assert [a.content for a in answers] == local_answers(tiny_model_dir, batch, 48)
+        assert [a.content for a in answers] == local_answers(tiny_model_dir, batch, 160)
         assert victim["node_id"] not in cluster.workers()  # the run went on without that node
         assert len(cluster.workers()) == 2
     finally:
