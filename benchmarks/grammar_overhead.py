@@ -93,7 +93,7 @@ def main() -> None:
         "json_schema": GenerationSettings(max_new_tokens=args.max_new_tokens, grammar=json_schema_grammar(SCHEMA)),
         "tools_auto": GenerationSettings(
             max_new_tokens=args.max_new_tokens,
-            grammar=tool_call_grammar(tools, "auto"),
+            grammar=tool_call_grammar(tools, "auto", parallel=False),  # ChatPolyKV's default
             structured_opening=CALL_OPEN,
         ),
     }

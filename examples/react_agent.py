@@ -64,7 +64,7 @@ def main(
     print(f"pool {pool.digest[:12]}: {pool.num_tokens} document tokens, {pool.nbytes / 2**20:.2f} MiB compressed")
     for message in state["messages"]:
         print(describe(message))
-    model_calls = sum(isinstance(m, AIMessage) for m in state["messages"])
+    model_calls = sum(isinstance(m, AIMessage) and m.usage_metadata is not None for m in state["messages"])
     builds = POOL_REGISTRY.build_count - builds_before
     print(f"\npools built in this run: {builds}; {model_calls} model calls; {seconds:.1f} s")
     return state

@@ -244,7 +244,7 @@ def build_graph(
             role call runs on its workers, one model replica per node (``None``: all in this process).
     """
     prefetch = PrefetchDocument(
-        role_chat_model(chat, max_tokens, default_max_tokens=DEFAULT_MAX_TOKENS),
+        role_chat_model(chat, max_tokens, default_max_tokens=DEFAULT_MAX_TOKENS, cluster=cluster),
         store=store,
         share_pool=share_pool,
         cluster=cluster,

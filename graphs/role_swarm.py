@@ -166,7 +166,9 @@ def build_graph(
             role call runs on its workers, one model replica per node (``None``: all in this process).
     """
     prefetch = PrefetchDocument(
-        role_chat_model(chat, max_tokens, default_max_tokens=DEFAULT_MAX_TOKENS), store=store, cluster=cluster
+        role_chat_model(chat, max_tokens, default_max_tokens=DEFAULT_MAX_TOKENS, cluster=cluster),
+        store=store,
+        cluster=cluster,
     )
 
     def role_answer(task: RoleTask) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,7 +172,9 @@ class ChatPolyKV(BaseChatModel):
             params["ls_stop"] = stop or self.stop
         return params
 
-    def with_pool(self, pool: PoolHandle | SharedKVPool, *, document: Document | None = None) -> ChatPolyKV:
+    def with_pool(
+        self, pool: PoolHandle | SharedKVPool | Mapping[str, Any], *, document: Document | None = None
+    ) -> ChatPolyKV:
         """A copy of this chat model that reads ``pool``.
 
         Args:
@@ -181,8 +183,8 @@ class ChatPolyKV(BaseChatModel):
             document: The pool's document, so the pool can be rebuilt if this process has never
                 seen it and no store holds it (e.g. a checkpointed thread resumed elsewhere).
         """
-        if not isinstance(pool, SharedKVPool):
-            return self.model_copy(update={"pool": pool, "pool_document": document})
+        if not isinstance(pool, SharedKVPool):  # a handle, or its fields as a dict (a strict checkpoint serializer's)
+            return self.model_copy(update={"pool": PoolHandle.model_validate(pool), "pool_document": document})
         POOL_REGISTRY.put(pool)
         bound = self.model_copy(update={"pool": PoolHandle.from_pool(pool), "pool_document": document})
         bound._pool_object = pool  # the registry may evict it (byte budget); this copy still has it

@@ -22,7 +22,7 @@ from polykv_agents.compat import forward_with_cache, new_dynamic_cache
 from polykv_agents.documents import max_positions
 from polykv_agents.generation import GenerationSettings, GenerationStats, choose_token, eos_token_ids, token_constraint
 from polykv_agents.pool import SharedKVPool
-from polykv_agents.prompts import Message, render_continuation, render_prompt
+from polykv_agents.prompts import Message, Tools, ToolsPlacementError, render_continuation, render_prompt
 from polykv_agents.runtime import scheduler
 from polykv_agents.text_stream import StopAwareDetokenizer
 from polykv_agents.tool_prompts import ToolsShown, prepare_turns
@@ -38,13 +38,24 @@ def encode_prompt(
     """Token ids ``[n]`` of ``messages`` plus the generation prompt: as a continuation of the pool's
     prefix when there is a pool, else as a whole prompt. ``tools`` and earlier tool calls are shown as
     :mod:`polykv_agents.tool_prompts` decides for this tokenizer's chat template."""
-    messages, template_tools = prepare_turns(tokenizer, messages, tools)
-    if pool is not None:
-        text = render_continuation(tokenizer, pool.prefix_messages, messages, tools=template_tools)
-    else:
-        text = render_prompt(tokenizer, messages, tools=template_tools)
+    try:
+        text = _render_call(tokenizer, *prepare_turns(tokenizer, messages, tools), pool=pool)
+    except ToolsPlacementError:  # this conversation lines up unlike the template's probe: the documented format
+        text = _render_call(tokenizer, *prepare_turns(tokenizer, messages, tools, template_tools=False), pool=pool)
     # The rendered template already holds its special tokens.
     return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
+
+
+def _render_call(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Message],
+    template_tools: Tools,
+    *,
+    pool: SharedKVPool | None,
+) -> str:
+    if pool is not None:
+        return render_continuation(tokenizer, pool.prefix_messages, messages, tools=template_tools)
+    return render_prompt(tokenizer, messages, tools=template_tools)
 
 
 @torch.inference_mode()

@@ -51,10 +51,18 @@ def to_chat_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
 
     Raises:
         TypeError: A message type with no chat role (e.g. ``FunctionMessage``, ``RemoveMessage``).
-        ValueError: Non-text content, or no messages at all.
+        ValueError: Non-text content, no messages at all, or a conversation that ends with tool calls
+            whose results are missing.
     """
     if not messages:
         msg = "no messages to answer; pass at least one message"
+        raise ValueError(msg)
+    final = messages[-1]
+    if isinstance(final, AIMessage) and final.tool_calls:
+        msg = (
+            "the conversation ends with an AIMessage that calls tools, without their results; add a ToolMessage "
+            "(with the call's tool_call_id) for each call before asking for the next answer"
+        )
         raise ValueError(msg)
     converted = []
     for message in messages:

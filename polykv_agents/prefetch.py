@@ -165,8 +165,6 @@ class PrefetchDocument:
                 "Add an edge from the prefetch node to every role node."
             )
             raise ValueError(msg)
-        if isinstance(handle, Mapping):  # some serializers hand pydantic models back as dicts
-            handle = PoolHandle.model_validate(handle)
         # Without the document, the registry or the store must still hold the pool.
         document = self.document_messages(state) if state.get(self.document_key) else None
         return chat.with_pool(handle, document=document)

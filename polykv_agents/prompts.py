@@ -31,6 +31,11 @@ Message = Mapping[str, Any]
 Tools = Sequence[Mapping[str, Any]] | None
 """OpenAI function specs for the template's own tool support, or ``None``."""
 
+
+class ToolsPlacementError(ValueError):
+    """The chat template writes a call's tools somewhere a pooled call cannot put them (before the shared prefix)."""
+
+
 DEFAULT_ROLE_PROMPT = "Answer the question using the document above. Be concise."
 
 
@@ -43,10 +48,8 @@ def _ends_with_partial_answer(messages: Sequence[Message]) -> bool:
 
 
 def _without_empty_final_answer(messages: Sequence[Message]) -> Sequence[Message]:
-    """``messages`` less a final assistant message with neither text nor tool calls (an empty prefill)."""
-    final = messages[-1] if messages else None
-    if final is not None and final["role"] == "assistant" and not final["content"].strip():
-        return messages if final.get("tool_calls") else messages[:-1]
+    if messages and messages[-1]["role"] == "assistant" and not messages[-1]["content"].strip():
+        return messages[:-1]
     return messages
 
 
@@ -127,8 +130,8 @@ def render_continuation(
             conversation of their own with the tools, less the template's conversation preamble.
 
     Raises:
-        ValueError: The template renders the prefix differently once more turns follow, or (with
-            ``tools``) writes the tools somewhere other than the call's own turns.
+        ValueError: The template renders the prefix differently once more turns follow.
+        ToolsPlacementError: With ``tools``, the template writes them somewhere other than the call's own turns.
     """
     if prefix_messages is None or not has_chat_template(tokenizer):
         # A plain document: the agent's turns start a conversation right after it.
@@ -153,7 +156,7 @@ def render_continuation(
             "This chat template writes tools in front of the pool's shared prefix, not in the call's own turns; "
             "show the tools in a system message of the call instead (polykv_agents.tools.tools_prompt)"
         )
-        raise ValueError(msg)
+        raise ToolsPlacementError(msg)
     return alone_with_tools[len(preamble) :]
 
 

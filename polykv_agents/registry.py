@@ -269,7 +269,7 @@ class PoolRegistry:
         """
         check_causal_lm(model)
         config = compression_config(config)
-        digest = self._digest(model, tokenizer, document, config)
+        digest = self.digest_of(model, tokenizer, document, config)
 
         def build() -> SharedKVPool:
             return self._prefill(digest, model, tokenizer, document, config=config, store=None, chunk_size=chunk_size)
@@ -315,7 +315,7 @@ class PoolRegistry:
             return self._load_or_build(handle.digest, store, None)
 
         def build() -> SharedKVPool:
-            digest = self._digest(model, tokenizer, document, handle.config)
+            digest = self.digest_of(model, tokenizer, document, handle.config)
             if digest != handle.digest:
                 msg = (
                     f"the document given to rebuild pool {handle.digest[:12]}... is not the one it was built from "
@@ -327,17 +327,19 @@ class PoolRegistry:
 
         return self._load_or_build(handle.digest, store, build)
 
-    # ---------------------------------------------------------------- internals
-
-    def _digest(
+    def digest_of(
         self,
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         document: Document,
-        config: CompressionConfig,
+        config: CompressionConfig | None = None,
     ) -> str:
+        """The digest the pool of ``document`` has (or would have), without building it: tokenizing is enough."""
         token_ids, messages = tokenize_document(model, tokenizer, document)  # [T]
-        return pool_digest(model_fingerprint(model, tokenizer), config, token_ids, chat_prefix=messages is not None)
+        fingerprint = model_fingerprint(model, tokenizer)
+        return pool_digest(fingerprint, compression_config(config), token_ids, chat_prefix=messages is not None)
+
+    # ---------------------------------------------------------------- internals
 
     def _load_or_build(
         self, digest: str, store: PoolStore | None, build: Callable[[], SharedKVPool] | None

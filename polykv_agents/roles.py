@@ -77,10 +77,14 @@ def cache_read(message: AIMessage) -> int:
     return int(usage.get("input_token_details", {}).get("cache_read", 0))
 
 
-def role_chat_model(chat: ChatPolyKV | None, max_tokens: int | None, *, default_max_tokens: int) -> ChatPolyKV:
-    """The chat model a graph's roles share: ``chat`` (or the embedded model's), with ``max_tokens`` applied."""
+def role_chat_model(
+    chat: ChatPolyKV | None, max_tokens: int | None, *, default_max_tokens: int, cluster: RayCluster | None = None
+) -> ChatPolyKV:
+    """The chat model a graph's roles share: ``chat`` (or one of the embedded model, or of ``cluster``'s model when
+    the roles run on a cluster), with ``max_tokens`` applied."""
     if chat is None:
-        return ChatPolyKV(max_tokens=default_max_tokens if max_tokens is None else max_tokens)
+        where = {} if cluster is None else {"model": cluster.model, "device": cluster.device}
+        return ChatPolyKV(max_tokens=default_max_tokens if max_tokens is None else max_tokens, **where)
     return chat if max_tokens is None else chat.model_copy(update={"max_tokens": max_tokens})
 
 

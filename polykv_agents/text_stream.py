@@ -59,9 +59,8 @@ class StopAwareDetokenizer:
             return ""
         self._token_ids.append(token_id)
         text = self._text()
-        if self._stop and self._is_structured(text):
-            return self._release(len(text), text)
-        if self._stop:
+        stops_apply = bool(self._stop) and not self._is_structured(text)
+        if stops_apply:
             # A stop can only start in the unreleased tail or straddle its border.
             search_from = max(0, self._emitted - max(map(len, self._stop)) + 1)
             hits = [i for i in (text.find(s, search_from) for s in self._stop) if i >= 0]
@@ -70,7 +69,7 @@ class StopAwareDetokenizer:
                 return self._release(min(hits), text)
         if text.endswith(_INCOMPLETE_CHAR):
             return ""
-        return self._release(len(text) - self._held_back(text), text)
+        return self._release(len(text) - (self._held_back(text) if stops_apply else 0), text)
 
     def finish(self) -> str:
         """Release what was held back once generation ends without a stop sequence."""

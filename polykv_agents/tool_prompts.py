@@ -93,10 +93,19 @@ def _with_calls_written_out(turn: Message) -> dict[str, Any]:
 
 
 def prepare_turns(
-    tokenizer: PreTrainedTokenizerBase, turns: Sequence[Message], tools: ToolsShown | None
+    tokenizer: PreTrainedTokenizerBase,
+    turns: Sequence[Message],
+    tools: ToolsShown | None,
+    *,
+    template_tools: bool | None = None,
 ) -> tuple[list[dict[str, Any]], list[Mapping[str, Any]] | None]:
-    """The turns to render and the tools to hand the chat template (``None``: the tools, if any, are in the turns)."""
-    if template_renders_tools(tokenizer):
+    """The turns to render and the tools to hand the chat template (``None``: the tools, if any, are in the turns).
+
+    Args:
+        template_tools: Use the template's own tool support (default: where :func:`template_renders_tools`);
+            ``False`` forces the documented prompt format.
+    """
+    if template_renders_tools(tokenizer) if template_tools is None else template_tools:
         if tools is None:
             return [dict(turn) for turn in turns], None
         if not turns or turns[0]["role"] != "system":  # the template writes tools into the first system turn

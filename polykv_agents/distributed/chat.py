@@ -12,14 +12,14 @@ Streaming yields the whole answer as one chunk: the tokens are decoded on anothe
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk
-from pydantic import PrivateAttr
+from pydantic import Field, model_validator
 
 from polykv_agents.chat_model import ChatPolyKV
 from polykv_agents.distributed.cluster import RayCluster
@@ -37,28 +37,38 @@ _SETTINGS = tuple(name for name in ChatPolyKV.model_fields if name not in {*Base
 class RayChatPolyKV(ChatPolyKV):
     """A ChatPolyKV that answers on a :class:`RayCluster` (build one with :meth:`on`)."""
 
-    _cluster: RayCluster | None = PrivateAttr(default=None)
+    cluster: RayCluster = Field(exclude=True, repr=False)
+    """The cluster the calls run on; its ``model`` and ``device`` are this chat model's."""
+
+    @model_validator(mode="after")
+    def _the_clusters_model(self) -> RayChatPolyKV:
+        if (self.model, self.device) != (self.cluster.model, self.cluster.device):
+            msg = (
+                f"this chat model runs {self.model!r} on {self.device!r}, but the cluster's nodes load "
+                f"{self.cluster.model!r} on {self.cluster.device!r} (and build pools with it); give both the same "
+                "model and device"
+            )
+            raise ValueError(msg)
+        return self
 
     @classmethod
     def on(cls, cluster: RayCluster, chat: ChatPolyKV | None = None) -> RayChatPolyKV:
-        """``chat`` (default: a ChatPolyKV of the cluster's model) with its calls sent to ``cluster``."""
-        chat = chat or ChatPolyKV(model=cluster.model)
-        remote = cls(**{name: getattr(chat, name) for name in (*_SETTINGS, *_POOL_FIELDS)})
-        remote._cluster = cluster
+        """``chat`` (default: a ChatPolyKV of the cluster's model), every setting kept, with its calls sent to
+        ``cluster``. A pool object it was bound to is published to the cluster."""
+        chat = chat or ChatPolyKV(model=cluster.model, device=cluster.device)
+        fields = {name: getattr(chat, name) for name in type(chat).model_fields if name != "cluster"}
+        remote = cls(**fields, cluster=cluster)
+        if chat._pool_object is not None:
+            remote = remote.with_pool(chat._pool_object, document=chat.pool_document)
         return remote
 
-    @property
-    def cluster(self) -> RayCluster:
-        if self._cluster is None:
-            msg = "this RayChatPolyKV has no cluster; build it with RayChatPolyKV.on(cluster, chat)"
-            raise ValueError(msg)
-        return self._cluster
-
-    def with_pool(self, pool: PoolHandle | SharedKVPool, *, document: Document | None = None) -> RayChatPolyKV:
+    def with_pool(
+        self, pool: PoolHandle | SharedKVPool | Mapping[str, Any], *, document: Document | None = None
+    ) -> RayChatPolyKV:
         """A copy that reads ``pool``; a pool object built in this process is published to the cluster first."""
         if isinstance(pool, SharedKVPool):
             pool = self.cluster.publish(pool)
-        return self.model_copy(update={"pool": pool, "pool_document": document})  # keeps the cluster
+        return self.model_copy(update={"pool": PoolHandle.model_validate(pool), "pool_document": document})
 
     def _stream(
         self,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from polykv_agents.config import CompressionConfig
 from polykv_agents.distributed.directory import adopt, pool_directory
-from polykv_agents.distributed.worker import NodeWorker
+from polykv_agents.distributed.worker import CONTROL_GROUP, NodeWorker
 from polykv_agents.handle import PoolHandle
 from polykv_agents.models import DEFAULT_MODEL
 from polykv_agents.pool import SharedKVPool
@@ -36,6 +37,13 @@ logger = logging.getLogger(__name__)
 # What a call sees when its worker's process or node is gone: ActorDiedError and ActorUnavailableError
 # (RayActorError's subclasses), and ActorUnschedulableError (a RayError) for a worker whose node is gone.
 _WORKER_LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError)
+
+
+# Bookkeeping calls (stats, stored_pool, ...) get threads of their own: Ray takes the groups only here.
+_NodeWorkerActor = ray.remote(concurrency_groups={CONTROL_GROUP: 2})(NodeWorker)
+
+_NODES_REFRESH_S = 5.0
+"""How long the list of alive nodes is trusted before Ray is asked again (each ask is a request to its GCS)."""
 
 
 class NoWorkerError(RuntimeError):
@@ -53,9 +61,13 @@ class RayCluster:
             join as ``ray.init()`` does).
         namespace: The Ray namespace of the pool directory and workers.
         max_concurrency: Calls one worker runs at once (threads; they share its batched scheduler).
-        num_cpus: CPUs Ray reserves for each worker.
+        num_cpus: CPUs Ray reserves for each worker (Ray gives it as many torch threads).
+        num_gpus: GPUs Ray reserves for each worker (default: 1 for a ``cuda`` device, else 0; Ray hides
+            the GPUs from an actor that reserves none).
         nodes: Node ids to place workers on (default: every alive node).
         max_attempts: Workers one call may be sent to before it fails.
+        rejoin_after_s: Seconds a node whose worker died gets no new one: long enough for Ray to notice a
+            node that is gone (about 14 s by default), so no worker is pinned to it meanwhile.
     """
 
     def __init__(
@@ -67,8 +79,10 @@ class RayCluster:
         namespace: str = "polykv",
         max_concurrency: int = 16,
         num_cpus: float = 1,
+        num_gpus: float | None = None,
         nodes: Sequence[str] | None = None,
         max_attempts: int = 3,
+        rejoin_after_s: float = 30.0,
     ) -> None:
         self.address = address
         self.model = model
@@ -76,14 +90,19 @@ class RayCluster:
         self.namespace = namespace
         self.max_concurrency = max_concurrency
         self.num_cpus = num_cpus
+        self.num_gpus = (1 if device.startswith("cuda") else 0) if num_gpus is None else num_gpus
         self.max_attempts = max_attempts
+        self.rejoin_after_s = rejoin_after_s
         self._node_ids = list(nodes) if nodes is not None else None
         self._lock = threading.Lock()
         self._workers: dict[str, Any] = {}  # node id -> live NodeWorker handle
-        # Nodes whose worker died: never given a new one, since a worker pinned to a node that is gone but not
-        # yet known to be gone would wait for it for ever.
-        self._lost: set[str] = set()
+        self._lost: dict[str, float] = {}  # node id -> when its worker died (monotonic seconds)
+        self._alive: list[str] = []  # alive node ids, as ray.nodes() last said
+        self._alive_checked = -float("inf")
         self._turn = itertools.count()
+
+    def __deepcopy__(self, memo: dict) -> RayCluster:
+        return self  # a handle on shared resources, like a client: copies of a chat model share it
 
     # ---------------------------------------------------------------- workers
 
@@ -92,8 +111,18 @@ class RayCluster:
             ray.init(address=self.address, namespace=self.namespace)
 
     def _alive_nodes(self) -> list[str]:
-        alive = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
-        return [n for n in alive if (self._node_ids is None or n in self._node_ids) and n not in self._lost]
+        """Nodes that may have a worker: alive (ray.nodes(), asked at most every few seconds, and after any
+        loss), allowed, and not in their time out after losing a worker. Hold ``_lock``."""
+        now = time.monotonic()
+        if now - self._alive_checked > _NODES_REFRESH_S:
+            self._alive = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
+            self._alive_checked = now
+        return [
+            node_id
+            for node_id in self._alive
+            if (self._node_ids is None or node_id in self._node_ids)
+            and now - self._lost.get(node_id, -float("inf")) > self.rejoin_after_s
+        ]
 
     def workers(self) -> dict[str, Any]:
         """One worker per alive node, started where missing: node id -> actor handle."""
@@ -101,16 +130,13 @@ class RayCluster:
         with self._lock:
             for node_id in self._alive_nodes():
                 if node_id not in self._workers:
-                    self._workers[node_id] = (
-                        ray.remote(NodeWorker)
-                        .options(
-                            num_cpus=self.num_cpus,
-                            max_concurrency=self.max_concurrency,
-                            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                            namespace=self.namespace,
-                        )
-                        .remote(self.model, self.device, self.namespace)
-                    )
+                    self._workers[node_id] = _NodeWorkerActor.options(
+                        num_cpus=self.num_cpus,
+                        num_gpus=self.num_gpus,
+                        max_concurrency=self.max_concurrency,
+                        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                        namespace=self.namespace,
+                    ).remote(self.model, self.device, self.namespace)
             return dict(self._workers)
 
     def warm_up(self) -> dict[str, float]:
@@ -122,7 +148,8 @@ class RayCluster:
         with self._lock:
             if self._workers.get(node_id) is worker:
                 del self._workers[node_id]
-            self._lost.add(node_id)
+            self._lost[node_id] = time.monotonic()
+            self._alive_checked = -float("inf")  # ask Ray again which nodes are alive
 
     def _on_some_worker(self, call: Callable[[Any], Any]) -> Any:
         """``ray.get(call(worker))`` on the next worker in turn; a worker that dies is dropped and the call
@@ -175,6 +202,13 @@ class RayCluster:
         """One chat call (``ChatPolyKV(**settings)`` over ``handle``'s pool) on some worker."""
         messages = list(messages)
         return self._on_some_worker(lambda worker: worker.invoke.remote(settings, messages, kwargs, handle, document))
+
+    def release(self, digest: str) -> None:
+        """Free pool ``digest`` across the cluster: the directory forgets it (its object is freed once no one holds
+        it) and every worker drops its copy (once no call is using it)."""
+        self._connect()
+        ray.get(pool_directory(self.namespace).forget.remote(digest))
+        ray.get([worker.release.remote(digest) for worker in self.workers().values()])
 
     def shutdown(self) -> None:
         """Stop this cluster object's workers (the pool directory and its pools stay for other drivers)."""

@@ -13,6 +13,7 @@ its store or its document and publish it again (:mod:`polykv_agents.distributed.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from typing import Any
 
@@ -24,33 +25,45 @@ from polykv_agents.pool import SharedKVPool
 DIRECTORY_NAME = "polykv-pool-directory"
 """The directory actor's name inside the cluster's namespace."""
 
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+"""The custom resource Ray gives the head node only: asking for a sliver of it places an actor there."""
+
 
 @ray.remote(num_cpus=0)
 class PoolDirectory:
     """digest -> the ObjectRef of the published pool, plus what was built and published where."""
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()  # the actor runs a few calls at once (see pool_directory)
         self._refs: dict[str, ray.ObjectRef] = {}
         self._object_ids: dict[str, str] = {}
         self._builds: Counter[str] = Counter()
         self._publications: Counter[str] = Counter()
 
     def _keep(self, digest: str, ref: ray.ObjectRef, built: bool) -> str:
-        self._refs[digest] = ref
-        self._object_ids[digest] = ref.hex()
-        self._publications[digest] += 1
-        if built:
-            self._builds[digest] += 1
-        return self._object_ids[digest]
+        with self._lock:
+            self._refs[digest] = ref
+            self._object_ids[digest] = ref.hex()
+            self._publications[digest] += 1
+            self._builds[digest] += built
+            return self._object_ids[digest]
 
-    def publish_from(self, digest: str, worker: ray.actor.ActorHandle, built: bool) -> str:
+    def publish_from(self, digest: str, worker: ray.actor.ActorHandle, built: bool, replace: bool) -> str:
         """File the pool ``worker`` holds under ``digest``, owned by this directory (it asks the worker for the
-        stored pool, without waiting: readers' ``ray.get`` waits); returns its object id."""
+        stored pool, without waiting: readers' ``ray.get`` waits); returns its object id. A pool filed already is
+        kept, unless ``replace`` (its object was lost)."""
+        with self._lock:
+            if digest in self._refs and not replace:
+                self._builds[digest] += built
+                return self._object_ids[digest]
         return self._keep(digest, worker.stored_pool.remote(digest), built)
 
-    def adopt(self, digest: str, stored: dict[str, Any]) -> str:
-        """File a stored pool handed over whole (one built in a driver); returns its object id."""
-        return self._keep(digest, ray.put(stored), built=False)
+    def adopt(self, digest: str, stored: list[ray.ObjectRef]) -> str:
+        """File a stored pool handed over whole (one built in a driver; passed in a list, so Ray hands over the
+        ref, and the copy is this directory's own: it outlives the driver); returns its object id."""
+        if digest in self._refs:
+            return self._object_ids[digest]
+        return self._keep(digest, ray.put(ray.get(stored[0])), built=False)
 
     def lookup(self, digest: str) -> list[ray.ObjectRef] | None:
         """``[ref]`` of the pool published under ``digest`` (a list, so the caller gets the ref), or ``None``."""
@@ -68,25 +81,38 @@ class PoolDirectory:
 
     def forget(self, digest: str) -> None:
         """Drop ``digest``: its object is freed once no worker holds it."""
-        self._refs.pop(digest, None)
-        self._object_ids.pop(digest, None)
+        with self._lock:
+            self._refs.pop(digest, None)
+            self._object_ids.pop(digest, None)
 
     def stats(self) -> dict[str, Any]:
         """Builds and publications per digest, and the published object ids."""
-        return {
-            "builds": dict(self._builds),
-            "publications": dict(self._publications),
-            "objects": dict(self._object_ids),
-        }
+        with self._lock:
+            return {
+                "builds": {digest: n for digest, n in self._builds.items() if n},
+                "publications": dict(self._publications),
+                "objects": dict(self._object_ids),
+            }
 
 
 def pool_directory(namespace: str | None = None) -> ray.actor.ActorHandle:
-    """The cluster's pool directory, started if there is none (or if the one there was has died)."""
-    options = {"name": DIRECTORY_NAME, "namespace": namespace, "get_if_exists": True, "lifetime": "detached"}
+    """The cluster's pool directory, started if there is none (or if the one there was has died): on the head
+    node, the one that lives as long as the cluster, with a few threads so that a ``locations`` call, which
+    waits for an object, does not hold up lookups."""
+    options = {
+        "name": DIRECTORY_NAME,
+        "namespace": namespace,
+        "get_if_exists": True,
+        "lifetime": "detached",
+        "max_concurrency": 4,
+        "resources": {HEAD_NODE_RESOURCE: 0.001},
+    }
     return PoolDirectory.options(**options).remote()
 
 
 def adopt(pool: SharedKVPool, namespace: str | None) -> str:
     """Hand ``pool`` (built in this process) to the cluster's directory, which puts it into the object store
-    and owns it; returns the object id."""
-    return ray.get(pool_directory(namespace).adopt.remote(pool.digest, to_stored(pool)))
+    and owns it; returns the object id. A pool the directory has already is not sent again."""
+    directory = pool_directory(namespace)
+    filed = ray.get(directory.stats.remote())["objects"].get(pool.digest)
+    return filed if filed is not None else ray.get(directory.adopt.remote(pool.digest, [ray.put(to_stored(pool))]))

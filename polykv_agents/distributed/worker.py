@@ -2,16 +2,18 @@
 
 Data flow of one call (``invoke``):
   (chat settings, messages, call kwargs, pool handle, document) from the driver
-  -> the pool, local to this node: the process registry; else fetched ONCE from the object store through
-     the pool directory (one transfer per node, however many agents call); else, when the directory or
-     the pool's owner is lost, loaded from the handle's store or rebuilt from the document, and published
-     again
+  -> the pool, on this node: the process registry (with its byte budget); else fetched ONCE from the object
+     store through the pool directory (one transfer per node, however many agents call at once: one lock per
+     digest); else, when the directory has no such pool or its object is lost, loaded from the handle's
+     store or rebuilt from the document, and published again
   -> ``ChatPolyKV(**settings).with_pool(pool).invoke(messages, **kwargs)`` on this node's model: concurrent
      calls (the actor runs them on threads) join the pool's batched scheduler, as in one process
   -> the AIMessage back to the driver.
 
-``build`` prefills a document into a pool on this node and publishes it (owned by the directory, so the
-pool outlives this worker). ``stats`` reports what the node fetched, built and holds, measured here.
+``build`` finds a document's pool (here, or anywhere in the cluster through the directory) before prefilling
+it, and publishes what it builds. ``stats`` reports what this node fetched, built and holds, measured here.
+Bookkeeping methods (``stored_pool``, ``stats``, ``load``, ``release``) run in a concurrency group of their
+own, so they never wait behind decoding calls.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psutil
@@ -35,23 +37,30 @@ from polykv_agents.distributed.object_store import from_stored, stored_nbytes, t
 from polykv_agents.handle import PoolHandle
 from polykv_agents.models import load_model
 from polykv_agents.pool import SharedKVPool
+from polykv_agents.pool_record import PoolFileError
 from polykv_agents.registry import POOL_REGISTRY, PoolNotFoundError
 from polykv_agents.store import PoolStore
 
 logger = logging.getLogger(__name__)
 
-_DIRECTORY_ATTEMPTS = 5
-"""Times a worker asks for the pool directory before giving up (a dead one is replaced within a second)."""
+CONTROL_GROUP = "control"
+"""The concurrency group of the bookkeeping methods (its threads are apart from the decoding calls')."""
 
-# What ray.get raises when a published pool is gone: its owner (the directory) died, or its copies were lost.
-_POOL_LOST = (ray.exceptions.OwnerDiedError, ray.exceptions.ObjectLostError, ray.exceptions.RayActorError)
+_DIRECTORY_ATTEMPTS = 5
+"""Times a worker asks the pool directory before giving up (a dead one is replaced within a second)."""
+
+# What fetching a published pool raises when it is gone: its owner (the directory) died, its only copy was
+# lost with a node, or the object holds the error of a worker that could no longer produce it.
+_POOL_LOST = (ray.exceptions.ObjectLostError, ray.exceptions.RayTaskError, PoolFileError)
+
+Document = Sequence[dict[str, str]] | str
 
 
 class NodeWorker:
-    """One model replica and this node's copy of each pool it was asked about (run as a Ray actor).
+    """One model replica and this node's view of the cluster's pools (run as a Ray actor).
 
     Args:
-        model: The model every call here uses (``ChatPolyKV.model``): loaded once, on the first call.
+        model: The model of every call here (``ChatPolyKV.model``): loaded once, on first use.
         device: Where it runs.
         namespace: The Ray namespace of the cluster's pool directory.
     """
@@ -61,8 +70,7 @@ class NodeWorker:
         self._device = device
         self._namespace = namespace
         self._lock = threading.Lock()
-        self._pool_locks: dict[str, threading.Lock] = {}
-        self._pools: dict[str, SharedKVPool] = {}  # held here, so the registry's budget cannot evict them
+        self._digest_locks: dict[str, threading.Lock] = {}
         self.fetches: Counter[str] = Counter()
         self.fetched_nbytes: Counter[str] = Counter()
         self.builds: Counter[str] = Counter()
@@ -71,76 +79,97 @@ class NodeWorker:
     def _model(self):
         return load_model(self._model_name, device=self._device)
 
-    def load(self) -> float:
-        """Load this node's model replica now (else the first call does); returns the seconds it took."""
-        started = time.perf_counter()
-        self._model()
-        return time.perf_counter() - started
+    def _digest_lock(self, digest: str) -> threading.Lock:
+        with self._lock:
+            return self._digest_locks.setdefault(digest, threading.Lock())
 
-    # ---------------------------------------------------------------- pools
-
-    def build(
-        self, document: Sequence[dict[str, str]] | str, config: dict[str, Any], store_dir: str | None
-    ) -> PoolHandle:
-        """Prefill ``document`` into a pool here (or find it built), publish it, return its handle."""
-        model, tokenizer = self._model()
-        store = PoolStore(store_dir) if store_dir else None
-        builds_before = POOL_REGISTRY.builds_by_digest.copy()
-        pool = POOL_REGISTRY.get_or_build(
-            model, tokenizer, document, config=CompressionConfig.model_validate(config), store=store
-        )
-        built = POOL_REGISTRY.builds_by_digest[pool.digest] > builds_before.get(pool.digest, 0)
-        if built:
-            self.builds[pool.digest] += 1
-        self._pools[pool.digest] = pool
-        return PoolHandle.from_pool(pool, store_dir=store_dir, object_id=self._publish(pool, built=built))
-
-    def _publish(self, pool: SharedKVPool, *, built: bool) -> str:
-        """File ``pool`` in the cluster's directory, which becomes its owner (so it outlives this process).
-        A directory that has just died may still answer to its name for a moment: ask again."""
-        this_worker = ray.get_runtime_context().current_actor
+    def _ask_directory(self, call: Callable[[Any], Any]) -> Any:
+        """``ray.get(call(directory))``; a directory that has just died may still answer to its name for a
+        moment, so it is asked again."""
         for attempt in range(_DIRECTORY_ATTEMPTS):
             try:
-                return ray.get(pool_directory(self._namespace).publish_from.remote(pool.digest, this_worker, built))
+                return ray.get(call(pool_directory(self._namespace)))
             except ray.exceptions.RayActorError:
                 if attempt + 1 == _DIRECTORY_ATTEMPTS:
                     raise
                 time.sleep(0.5)
         raise AssertionError  # unreachable
 
+    # ---------------------------------------------------------------- pools
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def load(self) -> float:
+        """Load this node's model replica now (else the first call does); returns the seconds it took."""
+        started = time.perf_counter()
+        self._model()
+        return time.perf_counter() - started
+
+    def build(self, document: Document, config: dict[str, Any], store_dir: str | None) -> PoolHandle:
+        """The handle of ``document``'s pool: found here or in the cluster, else built here (or loaded from the
+        store) and published."""
+        model, tokenizer = self._model()
+        config = CompressionConfig.model_validate(config)
+        digest = POOL_REGISTRY.digest_of(model, tokenizer, document, config)
+        with self._digest_lock(digest):
+            pool, built = POOL_REGISTRY.get(digest) or self._fetch(digest), False
+            if pool is None:
+                store = PoolStore(store_dir) if store_dir else None
+                builds_before = POOL_REGISTRY.builds_by_digest.get(digest, 0)
+                pool = POOL_REGISTRY.get_or_build(model, tokenizer, document, config=config, store=store)
+                built = self._count_build(digest, builds_before)
+            object_id = self._publish(pool, built=built, replace=False)
+        return PoolHandle.from_pool(pool, store_dir=store_dir, object_id=object_id)
+
+    def _count_build(self, digest: str, builds_before: int) -> bool:
+        """Whether this call prefilled pool ``digest`` (exact: the digest's lock is held, so no other call of this
+        process builds it meanwhile), counted if so."""
+        built = POOL_REGISTRY.builds_by_digest.get(digest, 0) > builds_before
+        self.builds[digest] += built
+        return built
+
+    def _publish(self, pool: SharedKVPool, *, built: bool, replace: bool) -> str:
+        """Have the directory file ``pool`` (``replace``: even if it has it, its object being lost); the directory
+        then asks this worker for the pool, and so owns it: it outlives this process. Returns the object id."""
+        this_worker = ray.get_runtime_context().current_actor
+        return self._ask_directory(
+            lambda directory: directory.publish_from.remote(pool.digest, this_worker, built, replace)
+        )
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
     def stored_pool(self, digest: str) -> dict[str, Any]:
         """What the object store keeps of pool ``digest`` (the directory asks for it, and so owns the result)."""
-        return to_stored(self._pools[digest])
+        pool = POOL_REGISTRY.get(digest)
+        if pool is None:
+            msg = f"pool {digest[:12]} is no longer held on this node (the registry's budget evicted it)"
+            raise KeyError(msg)
+        return to_stored(pool)
 
-    def _pool(self, handle: PoolHandle, document: Sequence[dict[str, str]] | str | None) -> SharedKVPool:
-        """This node's pool for ``handle``: fetched once per node, however many calls arrive together."""
-        with self._lock:
-            if handle.digest in self._pools:
-                return self._pools[handle.digest]
-            lock = self._pool_locks.setdefault(handle.digest, threading.Lock())
-        with lock:  # one fetch per digest; the other calls wait for it
-            if handle.digest not in self._pools:
-                self._pools[handle.digest] = self._fetch(handle, document)
-            return self._pools[handle.digest]
-
-    def _fetch(self, handle: PoolHandle, document: Sequence[dict[str, str]] | str | None) -> SharedKVPool:
+    def _fetch(self, digest: str) -> SharedKVPool | None:
+        """The pool from the object store (counted as this node's fetch), or ``None`` if the cluster has none."""
         try:
-            found = ray.get(pool_directory(self._namespace).lookup.remote(handle.digest))
-            if found is not None:
-                stored = ray.get(found[0])
-                pool = from_stored(stored, digest=handle.digest)
-                self.fetches[handle.digest] += 1
-                self.fetched_nbytes[handle.digest] += stored_nbytes(stored)
-                POOL_REGISTRY.put(pool)
-                return pool
-        except _POOL_LOST as e:
-            logger.warning("pool %s is lost from the object store (%s); recovering it", handle.digest[:12], e)
-        return self._recover(handle, document)
+            found = self._ask_directory(lambda directory: directory.lookup.remote(digest))
+            if found is None:
+                return None
+            stored = ray.get(found[0])
+            pool = from_stored(stored, digest=digest)
+        except (*_POOL_LOST, ray.exceptions.RayActorError) as e:
+            logger.warning("pool %s is lost from the object store (%s: %s)", digest[:12], type(e).__name__, e)
+            return None
+        self.fetches[digest] += 1
+        self.fetched_nbytes[digest] += stored_nbytes(stored)
+        POOL_REGISTRY.put(pool)
+        return pool
 
-    def _recover(self, handle: PoolHandle, document: Sequence[dict[str, str]] | str | None) -> SharedKVPool:
+    def _pool(self, handle: PoolHandle, document: Document | None) -> SharedKVPool:
+        """This node's pool for ``handle``: fetched once per node, however many calls arrive together."""
+        with self._digest_lock(handle.digest):  # the other calls for this digest wait for the one fetch
+            pool = POOL_REGISTRY.get(handle.digest) or self._fetch(handle.digest)
+            return pool if pool is not None else self._recover(handle, document)
+
+    def _recover(self, handle: PoolHandle, document: Document | None) -> SharedKVPool:
         """The pool from the handle's store, else rebuilt from its document; published again either way."""
         model, tokenizer = self._model()
-        builds_before = POOL_REGISTRY.build_count
+        builds_before = POOL_REGISTRY.builds_by_digest.get(handle.digest, 0)
         try:
             pool = POOL_REGISTRY.resolve(handle, model, tokenizer, document=document)
         except PoolNotFoundError as e:
@@ -149,11 +178,14 @@ class NodeWorker:
                 "has no document to rebuild it from; run the prefetch step again"
             )
             raise PoolNotFoundError(msg) from e
-        built = POOL_REGISTRY.build_count > builds_before
-        if built:
-            self.builds[handle.digest] += 1
-        self._publish(pool, built=built)
+        self._publish(pool, built=self._count_build(handle.digest, builds_before), replace=True)
         return pool
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def release(self, digest: str) -> None:
+        """Forget this node's copy of pool ``digest`` (once no call is using it)."""
+        if digest in POOL_REGISTRY and POOL_REGISTRY.leases(digest) == 0:
+            POOL_REGISTRY.discard(digest)
 
     # ---------------------------------------------------------------- calls
 
@@ -163,16 +195,17 @@ class NodeWorker:
         messages: list[BaseMessage],
         kwargs: dict[str, Any],
         handle: PoolHandle | None,
-        document: Sequence[dict[str, str]] | str | None,
+        document: Document | None,
     ) -> AIMessage:
         """One chat call on this node's model, over this node's copy of the pool."""
         with self._lock:
             self.calls += 1
         chat = ChatPolyKV(**settings)
         if handle is not None:
-            chat = chat.with_pool(self._pool(handle, document))
+            chat = chat.with_pool(self._pool(PoolHandle.model_validate(handle), document))
         return chat.invoke(messages, **kwargs)
 
+    @ray.method(concurrency_group=CONTROL_GROUP)
     def stats(self) -> dict[str, Any]:
         """What this node fetched, built and holds, measured in this process."""
         memory = psutil.Process(os.getpid()).memory_full_info()
@@ -185,8 +218,5 @@ class NodeWorker:
             "fetches": dict(self.fetches),
             "fetched_nbytes": dict(self.fetched_nbytes),
             "builds": dict(self.builds),
-            "pools_nbytes": {digest: pool.nbytes for digest, pool in self._pools.items()},
+            "registry_nbytes": POOL_REGISTRY.nbytes,
         }
-
-    def pid(self) -> int:
-        return os.getpid()

@@ -5,9 +5,9 @@ owner (or the only node holding the pool) recovered from the store or the docume
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -105,6 +105,10 @@ def test_fifteen_agents_build_the_pool_once_and_each_node_fetches_it_once(nodes,
         assert store[builders[0]["node_id"]]["primary"] >= location["object_size"]
         assert all(store[s["node_id"]]["secondary"] >= location["object_size"] for s in fetchers)
         assert handle.object_id == cluster.directory_stats()["objects"][handle.digest]
+        # Prefetching the same document again (on the next worker in turn) finds the pool: no new build or object.
+        assert cluster.prefetch(DOCUMENT, config=config) == handle
+        assert cluster.directory_stats()["builds"] == {handle.digest: 1}
+        assert cluster.directory_stats()["publications"] == {handle.digest: 1}
     finally:
         cluster.shutdown()
 
@@ -124,28 +128,33 @@ def test_a_graph_dispatched_to_the_cluster_answers_as_the_single_process_run(nod
         cluster.shutdown()
 
 
-def test_the_calls_of_a_killed_worker_are_retried_on_another_node(nodes, tiny_model_dir, namespace):
+def test_the_calls_of_a_killed_worker_are_retried_on_another_node(nodes, tiny_model_dir, namespace, caplog):
     cluster = make_cluster(tiny_model_dir, namespace)
     try:
         handle = cluster.prefetch(DOCUMENT)
         # Long answers (160 tokens), so the kill lands while the victim's calls are decoding.
         chat = RayChatPolyKV.on(cluster, ChatPolyKV(model=tiny_model_dir, max_tokens=160)).with_pool(handle)
         batch = questions(9)
-        victim = cluster.stats()[1]
-        started = threading.Event()
+        cluster.warm_up()
+        victim_node, victim = sorted(cluster.workers().items())[1]
+        victim_pid = ray.get(victim.stats.remote())["pid"]
 
-        def kill_when_started() -> None:
-            started.wait()
-            time.sleep(0.3)  # the calls are in flight
-            os.kill(victim["pid"], signal.SIGKILL)
+        def kill_mid_call() -> None:
+            # stats runs in the workers' control group, so it answers while the victim decodes.
+            while ray.get(victim.stats.remote())["calls"] == 0:
+                time.sleep(0.02)
+            os.kill(victim_pid, signal.SIGKILL)
 
-        with ThreadPoolExecutor(1) as killer:
-            killer.submit(kill_when_started)
-            started.set()
+        with (
+            caplog.at_level(logging.WARNING, logger="polykv_agents.distributed.cluster"),
+            ThreadPoolExecutor(1) as pool,
+        ):
+            killer = pool.submit(kill_mid_call)
             answers = chat.batch(batch, config={"max_concurrency": 9})
+            killer.result()
         assert [a.content for a in answers] == local_answers(tiny_model_dir, batch, 160)
-        assert victim["node_id"] not in cluster.workers()  # the run went on without that node
-        assert len(cluster.workers()) == 2
+        assert "sending the call to another node" in caplog.text  # its calls were retried ...
+        assert victim_node not in cluster.workers() and len(cluster.workers()) == 2  # ... and the run went on
     finally:
         cluster.shutdown()
 
@@ -174,16 +183,20 @@ def test_a_lost_pool_owner_is_recovered_from_the_store_or_the_document(
 
 def test_a_pool_whose_only_node_is_lost_is_rebuilt_from_the_document(nodes, tiny_model_dir, namespace):
     """Last in this module: it removes a node for good."""
+    survivors = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
     doomed = nodes.add_node(**NODE)
     nodes.wait_for_nodes()
     builder = make_cluster(tiny_model_dir, namespace, nodes=[doomed.node_id])
-    handle = builder.prefetch(DOCUMENT)  # its only copy lives on the doomed node
+    # Uncompressed, so the pool goes to the object store of the doomed node: a smaller one would be kept inline,
+    # by its owner, the directory (which lives on the head).
+    config = CompressionConfig.full_precision()
+    handle = builder.prefetch(DOCUMENT, config=config)
     nodes.remove_node(doomed)
-    others = make_cluster(tiny_model_dir, namespace, nodes=[n["NodeID"] for n in ray.nodes() if n["Alive"]])
+    others = make_cluster(tiny_model_dir, namespace, nodes=survivors)
     try:
         chat = RayChatPolyKV.on(others, ChatPolyKV(model=tiny_model_dir, max_tokens=8))
         chat = chat.with_pool(handle, document=DOCUMENT)
-        assert chat.invoke(questions(1)[0]).content == local_answers(tiny_model_dir, questions(1), 8)[0]
+        assert chat.invoke(questions(1)[0]).content == local_answers(tiny_model_dir, questions(1), 8, config)[0]
         assert sum(s["builds"].get(handle.digest, 0) for s in others.stats()) == 1
     finally:
         others.shutdown()

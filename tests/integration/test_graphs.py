@@ -182,8 +182,6 @@ def test_the_review_plan_is_typed_and_drives_the_fan_out(runs, n_roles):
     plan = run.result["plan"]
     assert [entry["role"] for entry in plan] == run.roles
     assert all(1 <= len(entry["focus"]) <= document_review.PLAN_FOCUS_CHARS for entry in plan)
-    planner = next(m for m in run.result["messages"] if m.name == "planner")
-    assert planner.usage_metadata["output_tokens"] <= document_review.plan_token_budget(run.roles)
     sends = document_review.assign_specialists(run.result)
     assert [(send.arg["role"], send.arg["focus"]) for send in sends] == [(e["role"], e["focus"]) for e in plan]
 

@@ -205,3 +205,27 @@ def test_streaming_equals_the_whole_text_cut_at_the_first_stop(
     cut = text.find(single)
     assert "".join(pieces) == (text if cut < 0 else text[:cut])
     assert detok.stopped is (cut >= 0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['<tool_call>{"name": "f", "arguments": {"q": "café 日本 a"}}</tool_call>', "<tool_call>aaa", "<"],
+)
+def test_a_structured_answer_is_never_cut_and_keeps_its_characters_whole(text: str) -> None:
+    """tool_choice="auto": an answer that opens a call is released as it comes, stops ignored, and a character
+    split over byte-level tokens is held until it is whole (never a replacement character)."""
+    detok = StopAwareDetokenizer(tiny_tokenizer(), ("a", "é", "}"), structured_opening="<tool_call>")
+    pieces = [detok.push(token) for token in _ids(text)]
+    pieces.append(detok.finish())
+    assert "".join(pieces) == text and not detok.stopped
+    assert not any(REPLACEMENT_CHAR in piece for piece in pieces)
+
+
+def test_a_plain_text_answer_under_a_structured_opening_still_stops() -> None:
+    detok = StopAwareDetokenizer(tiny_tokenizer(), ("日",), structured_opening="<tool_call>")
+    pieces = []
+    for token in _ids("The café 日本."):
+        pieces.append(detok.push(token))
+        if detok.stopped:
+            break
+    assert "".join(pieces) == "The café " and detok.stopped

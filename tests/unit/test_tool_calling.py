@@ -195,3 +195,9 @@ def test_auto_text_may_not_start_with_whitespace_so_the_first_token_decides(tiny
 def test_empty_tools_bind_nothing(chat):
     message = chat.bind_tools([]).invoke("Go.", max_tokens=5)
     assert message.tool_calls == []
+
+
+def test_a_conversation_ending_in_unanswered_tool_calls_is_refused(chat):
+    call = {"name": "Add", "args": {"a": 2, "b": 3}, "id": "call_1", "type": "tool_call"}
+    with pytest.raises(ValueError, match="add a ToolMessage"):
+        chat.invoke([HumanMessage("Add 2 and 3."), AIMessage("", tool_calls=[call])])
