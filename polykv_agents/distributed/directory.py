@@ -41,29 +41,32 @@ class PoolDirectory:
         self._publications: Counter[str] = Counter()
 
     def _keep(self, digest: str, ref: ray.ObjectRef, built: bool) -> str:
-        with self._lock:
-            self._refs[digest] = ref
-            self._object_ids[digest] = ref.hex()
-            self._publications[digest] += 1
-            self._builds[digest] += built
-            return self._object_ids[digest]
+        """File ``ref`` under ``digest``; hold ``_lock``."""
+        self._refs[digest] = ref
+        self._object_ids[digest] = ref.hex()
+        self._publications[digest] += 1
+        self._builds[digest] += built
+        return self._object_ids[digest]
 
     def publish_from(self, digest: str, worker: ray.actor.ActorHandle, built: bool, replace: bool) -> str:
         """File the pool ``worker`` holds under ``digest``, owned by this directory (it asks the worker for the
         stored pool, without waiting: readers' ``ray.get`` waits); returns its object id. A pool filed already is
         kept, unless ``replace`` (its object was lost)."""
-        with self._lock:
+        with self._lock:  # one check-and-file: two workers publishing one pool at once file it once
             if digest in self._refs and not replace:
                 self._builds[digest] += built
                 return self._object_ids[digest]
-        return self._keep(digest, worker.stored_pool.remote(digest), built)
+            return self._keep(digest, worker.stored_pool.remote(digest), built)
 
     def adopt(self, digest: str, stored: list[ray.ObjectRef]) -> str:
         """File a stored pool handed over whole (one built in a driver; passed in a list, so Ray hands over the
         ref, and the copy is this directory's own: it outlives the driver); returns its object id."""
-        if digest in self._refs:
-            return self._object_ids[digest]
-        return self._keep(digest, ray.put(ray.get(stored[0])), built=False)
+        with self._lock:
+            if digest in self._refs:
+                return self._object_ids[digest]
+        own = ray.put(ray.get(stored[0]))  # outside the lock: it copies the whole pool
+        with self._lock:
+            return self._object_ids[digest] if digest in self._refs else self._keep(digest, own, built=False)
 
     def lookup(self, digest: str) -> list[ray.ObjectRef] | None:
         """``[ref]`` of the pool published under ``digest`` (a list, so the caller gets the ref), or ``None``."""

@@ -112,12 +112,13 @@ class NodeWorker:
         digest = POOL_REGISTRY.digest_of(model, tokenizer, document, config)
         with self._digest_lock(digest):
             pool, built = POOL_REGISTRY.get(digest) or self._fetch(digest), False
-            if pool is None:
+            made_here = pool is None  # the cluster has no copy that can be read: a lost one is replaced
+            if made_here:
                 store = PoolStore(store_dir) if store_dir else None
                 builds_before = POOL_REGISTRY.builds_by_digest.get(digest, 0)
                 pool = POOL_REGISTRY.get_or_build(model, tokenizer, document, config=config, store=store)
                 built = self._count_build(digest, builds_before)
-            object_id = self._publish(pool, built=built, replace=False)
+            object_id = self._publish(pool, built=built, replace=made_here)
         return PoolHandle.from_pool(pool, store_dir=store_dir, object_id=object_id)
 
     def _count_build(self, digest: str, builds_before: int) -> bool:
