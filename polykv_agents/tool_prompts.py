@@ -3,7 +3,8 @@
 Two ways, chosen once per chat template (:func:`template_renders_tools`):
 
 - **The template's own tool support**, when it asks for calls in the format this package decodes
-  (Hermes ``<tool_call>`` blocks: the Qwen2/2.5/3, Hermes and SmolLM3 templates among others). The model
+  (Hermes ``<tool_call>`` blocks, the format Qwen- and Hermes-style templates use; the tests use a template
+  of that form written for them, ``tests/tiny_models.HERMES_TOOLS_TEMPLATE``). The model
   then sees its tools, its earlier calls and their results in the words it was trained on. Over a pool,
   the tools go into the call's own first system turn (:func:`polykv_agents.prompts.render_continuation`),
   never in front of the shared prefix.

@@ -1,6 +1,6 @@
 """Tool calling for ChatPolyKV: the call format, its grammar, and parsing calls back into ``tool_calls``.
 
-The format is Hermes/Qwen style (the one Qwen2/2.5/3, Hermes and SmolLM3 templates ask for), one block
+The format is Hermes/Qwen style (the one Qwen- and Hermes-style chat templates ask for), one block
 per call, several blocks for parallel calls:
 
     <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>
