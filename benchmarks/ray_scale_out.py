@@ -33,13 +33,12 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from ray.cluster_utils import Cluster
 
 from polykv_agents.bench.environment import RunInfo
-from polykv_agents.bench.output import column, markdown_table
+from polykv_agents.bench.output import MIB, column, markdown_table, mib_column
 from polykv_agents.chat_model import ChatPolyKV
 from polykv_agents.distributed import RayChatPolyKV, RayCluster
 from polykv_agents.models import DEFAULT_MODEL, load_model
 from polykv_agents.prefetch import DEFAULT_SHARED_PROMPT
 
-MIB = 2**20
 AGENTS = 15
 ROLES = [
     "legal", "finance", "engineering", "risk", "operations", "security", "environment", "customer",
@@ -160,11 +159,6 @@ def main() -> None:
             column("prefetch s", "prefetch_seconds", "{:.2f}"),
         ],
     )
-    # The table helper formats raw values: the per-node byte counts in MiB first (the JSON keeps bytes).
-    for row in rows:
-        for node in row["per_node"]:
-            for key in ("store_used_bytes", "worker_rss_bytes", "worker_uss_bytes"):
-                node[key] = node[key] / MIB
     nodes_table = markdown_table(
         [{"nodes": row["nodes"], **node} for row in rows for node in row["per_node"]],
         [
@@ -173,9 +167,9 @@ def main() -> None:
             column("calls", "calls"),
             column("pool fetches", "pool_fetches"),
             column("pool builds", "pool_builds"),
-            column("object store MiB", "store_used_bytes", "{:.2f}"),
-            column("worker RSS MiB", "worker_rss_bytes", "{:.0f}"),
-            column("worker USS MiB", "worker_uss_bytes", "{:.0f}"),
+            mib_column("object store MiB", "store_used_bytes", 2),
+            mib_column("worker RSS MiB", "worker_rss_bytes", 0),
+            mib_column("worker USS MiB", "worker_uss_bytes", 0),
         ],
     )
     conditions = (

@@ -27,6 +27,14 @@ def column(header: str, key: str, fmt: str = "{}") -> Column:
     return Column(header, lambda row: fmt.format(row[key]))
 
 
+MIB = 2**20
+
+
+def mib_column(header: str, key: str, digits: int = 1) -> Column:
+    """A column showing the byte count ``row[key]`` in MiB."""
+    return Column(header, lambda row: f"{row[key] / MIB:,.{digits}f}")
+
+
 def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
     lines = ["| " + " | ".join(c.header for c in columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(c.render(row) for c in columns) + " |" for row in rows]

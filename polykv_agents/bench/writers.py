@@ -5,13 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from polykv_agents.bench import plots
-from polykv_agents.bench.output import Column, SuiteResult, column, markdown_table, write_suite
-
-MIB = 2**20
-
-
-def _mib(header: str, key: str, digits: int = 1) -> Column:
-    return Column(header, lambda row: f"{row[key] / MIB:,.{digits}f}")
+from polykv_agents.bench.output import MIB, Column, SuiteResult, column, markdown_table, mib_column, write_suite
 
 
 def _pct_interval(row: dict) -> str:
@@ -30,11 +24,11 @@ def write_memory(result: SuiteResult, out_dir: Path) -> list[Path]:
     columns = [
         column("context", "context_tokens"),
         column("agents", "agents"),
-        _mib("pool MiB", "pool_nbytes", 2),
-        _mib("one fp16 cache MiB", "fp16_nbytes"),
-        _mib("peak KV, ours MiB", "kv_bytes_ours_peak"),
-        _mib("N separate caches MiB", "kv_bytes_separate_model_dtype"),
-        _mib("N separate fp16 caches MiB", "kv_bytes_separate_fp16"),
+        mib_column("pool MiB", "pool_nbytes", 2),
+        mib_column("one fp16 cache MiB", "fp16_nbytes"),
+        mib_column("peak KV, ours MiB", "kv_bytes_ours_peak"),
+        mib_column("N separate caches MiB", "kv_bytes_separate_model_dtype"),
+        mib_column("N separate fp16 caches MiB", "kv_bytes_separate_fp16"),
         column("saving", "saving_vs_separate_model_dtype", "{:.1f}x"),
         Column("peak RSS GiB, ours / separate", _rss_pair),
     ]
@@ -58,7 +52,7 @@ def write_speed(result: SuiteResult, out_dir: Path) -> list[Path]:
         column("compress % of prefill", "compress_pct_of_prefill", "{:.1f}%"),
         column("decompress s", "decompress_s", "{:.3f}"),
         column("decompress % of prefill", "decompress_pct_of_prefill", "{:.1f}%"),
-        _mib("pool MiB", "pool_nbytes", 2),
+        mib_column("pool MiB", "pool_nbytes", 2),
     ]
     ttft = markdown_table(
         rows["ttft"],
