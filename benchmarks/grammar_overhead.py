@@ -24,9 +24,9 @@ from polykv_agents import GenerationSettings, PooledAgent, SharedKVPool, load_mo
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import column, markdown_table
 from polykv_agents.eval import pydoc_documents
-from polykv_agents.generation import token_constraint
-from polykv_agents.grammar import TokenConstraint, json_schema_grammar
-from polykv_agents.tools import CALL_OPEN, format_tools, tool_call_grammar
+from polykv_agents.prompting.tool_calls import CALL_OPEN, format_tools, tool_call_grammar
+from polykv_agents.sampling.grammar import TokenConstraint, json_schema_grammar
+from polykv_agents.sampling.settings import token_constraint
 
 SCHEMA = {
     "type": "object",

@@ -34,10 +34,10 @@ from polykv_agents import SharedKVPool, load_model
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.load import load_cases, run_load
 from polykv_agents.bench.soak import growth, run_soak
-from polykv_agents.chat_model import ChatPolyKV
+from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.eval import pydoc_documents
-from polykv_agents.handle import PoolHandle
-from polykv_agents.registry import POOL_REGISTRY
+from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.registry import POOL_REGISTRY
 
 ROLES = [
     "analyst", "skeptic", "optimist", "economist", "engineer", "lawyer", "customer", "teacher",

@@ -34,10 +34,10 @@ from ray.cluster_utils import Cluster
 
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import MIB, column, markdown_table, mib_column
-from polykv_agents.chat_model import ChatPolyKV
+from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.distributed import RayChatPolyKV, RayCluster
-from polykv_agents.models import DEFAULT_MODEL, load_model
-from polykv_agents.prefetch import DEFAULT_SHARED_PROMPT
+from polykv_agents.graph.prefetch import DEFAULT_SHARED_PROMPT
+from polykv_agents.model.loading import DEFAULT_MODEL, load_model
 
 AGENTS = 15
 ROLES = [

@@ -21,9 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for `graphs`
 
 from graphs.role_swarm import build_graph, role_messages
-from polykv_agents.chat_model import ChatPolyKV
-from polykv_agents.prefetch import PrefetchDocument
-from polykv_agents.registry import POOL_REGISTRY
+from polykv_agents.chat.chat_model import ChatPolyKV
+from polykv_agents.graph.prefetch import PrefetchDocument
+from polykv_agents.pool.registry import POOL_REGISTRY
 
 QUESTION = "Who should act first on the problems the document describes?"
 

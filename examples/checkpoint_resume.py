@@ -30,9 +30,9 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for `graphs`
 
 from graphs.document_review import build_graph
-from polykv_agents.handle import PoolHandle
-from polykv_agents.registry import POOL_REGISTRY
-from polykv_agents.store import PoolStore
+from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.registry import POOL_REGISTRY
+from polykv_agents.pool.store import PoolStore
 
 INTERRUPT_BEFORE = ["critic"]
 

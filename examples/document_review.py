@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for `graphs`
 
 from graphs.document_review import DEFAULT_ROLES, build_graph
-from polykv_agents.registry import POOL_REGISTRY
+from polykv_agents.pool.registry import POOL_REGISTRY
 
 
 def sample_document() -> str:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from graphs.document_agent import MAX_MODEL_CALLS, build_graph
-from polykv_agents.registry import POOL_REGISTRY
+from polykv_agents.pool.registry import POOL_REGISTRY
 
 DEFAULT_QUESTION = "What does the review say about drought?"
 

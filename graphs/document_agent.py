@@ -33,10 +33,10 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Checkpointer
 from pydantic import Field
 
-from polykv_agents.chat_model import ChatPolyKV
-from polykv_agents.middleware import DocumentPoolMiddleware, ToolFirstMiddleware
-from polykv_agents.roles import role_chat_model
-from polykv_agents.store import PoolStore
+from polykv_agents.chat.chat_model import ChatPolyKV
+from polykv_agents.graph.middleware import DocumentPoolMiddleware, ToolFirstMiddleware
+from polykv_agents.graph.workflow import role_chat_model
+from polykv_agents.pool.store import PoolStore
 
 DEFAULT_MAX_TOKENS = 96
 """Tokens per model call when ``build_graph`` makes its own chat model."""
@@ -107,7 +107,7 @@ def build_graph(
         max_tokens: Tokens per model call; overrides ``chat.max_tokens`` when given.
         max_model_calls: Model calls per run; the run then ends with a final message saying so.
         tool_first: Make the model call a tool until one has answered (:class:`ToolFirstMiddleware`).
-        store: Where pools are saved by digest (see :class:`polykv_agents.prefetch.PrefetchDocument`).
+        store: Where pools are saved by digest (see :class:`polykv_agents.graph.prefetch.PrefetchDocument`).
         checkpointer: A LangGraph checkpointer for threads.
         name: The compiled graph's name.
     """

@@ -36,11 +36,18 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Checkpointer, Send
 from typing_extensions import NotRequired, TypedDict
 
-from polykv_agents.chat_model import ChatPolyKV
-from polykv_agents.handle import PoolHandle
-from polykv_agents.prefetch import PrefetchDocument
-from polykv_agents.roles import MAX_ROLES, cache_read, check_roles, check_text, cluster_from_env, role_chat_model
-from polykv_agents.store import PoolStore
+from polykv_agents.chat.chat_model import ChatPolyKV
+from polykv_agents.graph.prefetch import PrefetchDocument
+from polykv_agents.graph.workflow import (
+    MAX_ROLES,
+    cache_read,
+    check_roles,
+    check_text,
+    cluster_from_env,
+    role_chat_model,
+)
+from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.store import PoolStore
 
 if TYPE_CHECKING:
     from polykv_agents.distributed import RayCluster
@@ -299,5 +306,5 @@ def build_graph(
 
 # For `langgraph dev` (langgraph.json): POLYKV_POOL_STORE names a pool directory, so threads resumed
 # after a server restart reload their pool instead of prefilling the document again.
-# POLYKV_RAY_ADDRESS sends the role calls to a Ray cluster (polykv_agents.roles.cluster_from_env).
+# POLYKV_RAY_ADDRESS sends the role calls to a Ray cluster (polykv_agents.graph.workflow.cluster_from_env).
 graph = build_graph(store=os.environ.get("POLYKV_POOL_STORE") or None, cluster=cluster_from_env())

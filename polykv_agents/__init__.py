@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from polykv_agents.agent import PooledAgent
 from polykv_agents.config import CodecConfig, CompressionConfig
-from polykv_agents.fingerprint import ModelFingerprint
-from polykv_agents.generation import GenerationSettings
-from polykv_agents.memory import MemoryReport
-from polykv_agents.models import DEFAULT_MODEL, ModelNotFoundError, load_model
-from polykv_agents.pool import SharedKVPool
+from polykv_agents.model.fingerprint import ModelFingerprint
+from polykv_agents.model.loading import DEFAULT_MODEL, ModelNotFoundError, load_model
+from polykv_agents.pool.memory import MemoryReport
+from polykv_agents.pool.shared_pool import SharedKVPool
+from polykv_agents.sampling.settings import GenerationSettings
 
 __all__ = [
     "DEFAULT_MODEL",

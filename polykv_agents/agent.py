@@ -1,7 +1,7 @@
 """PooledAgent: answers questions from a SharedKVPool without re-reading the document.
 
 An agent is a role prompt bound to a pool and a model: its question and role prompt become a
-chat-template continuation of the pool's prefix, and :mod:`polykv_agents.decoding` generates from
+chat-template continuation of the pool's prefix, and :mod:`polykv_agents.runtime.decoding` generates from
 there. The pool is only read: every call decodes it into a cache owned by that call.
 """
 
@@ -13,11 +13,12 @@ from collections.abc import Iterator, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from polykv_agents.architecture import check_causal_lm
-from polykv_agents.decoding import Runtime, encode_prompt, generate_text, generate_token_ids
-from polykv_agents.generation import GenerationSettings
-from polykv_agents.pool import SharedKVPool
-from polykv_agents.prompts import agent_turns
+from polykv_agents.model.architecture import check_causal_lm
+from polykv_agents.pool.shared_pool import SharedKVPool
+from polykv_agents.prompting.chat_template import agent_turns
+from polykv_agents.prompting.encode import encode_prompt
+from polykv_agents.runtime.decoding import Runtime, generate_text, generate_token_ids
+from polykv_agents.sampling.settings import GenerationSettings
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,9 @@ class PooledAgent:
         if not isinstance(question, str) or not question.strip():
             msg = "the question is empty; pass the text the agent should answer"
             raise ValueError(msg)
-        return encode_prompt(self.tokenizer, agent_turns(self.system_prompt, question), pool=self.pool)
+        return encode_prompt(
+            self.tokenizer, agent_turns(self.system_prompt, question), prefix_messages=self.pool.prefix_messages
+        )
 
     def generate_ids(self, question: str, settings: GenerationSettings | None = None) -> Iterator[int]:
         """Generated token ids, one at a time (EOS excluded). Stop sequences are applied on text,

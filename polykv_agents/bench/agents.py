@@ -26,12 +26,12 @@ from pydantic import BaseModel
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.agent import PooledAgent
-from polykv_agents.compat import forward_with_cache, layer_key_values, new_dynamic_cache
 from polykv_agents.config import CompressionConfig
-from polykv_agents.generation import GenerationSettings
-from polykv_agents.pool import SharedKVPool
+from polykv_agents.model.compat import forward_with_cache, layer_key_values, new_dynamic_cache
+from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.runtime.scheduler import BatchScheduler, scheduler_for
 from polykv_agents.runtime.shared_prefix import Residency
+from polykv_agents.sampling.settings import GenerationSettings
 
 QUESTIONS = [
     "Summarise the document in two sentences.",

@@ -25,9 +25,9 @@ from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress, SuiteResult
 from polykv_agents.bench.rss import PeakRss
 from polykv_agents.config import CompressionConfig
-from polykv_agents.generation import GenerationSettings, GenerationStats
-from polykv_agents.pool import SharedKVPool
+from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.runtime.scheduler import BatchScheduler
+from polykv_agents.sampling.settings import GenerationSettings, GenerationStats
 
 
 def _separate_caches_nbytes(pool: SharedKVPool, model: PreTrainedModel, n: int, dtype: torch.dtype) -> tuple[int, int]:

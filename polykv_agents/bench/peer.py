@@ -32,9 +32,9 @@ from polykv_agents.bench.quality import QUESTIONS, Similarity
 from polykv_agents.config import CompressionConfig
 from polykv_agents.eval.agreement import exact_match, token_f1
 from polykv_agents.eval.perplexity import continuation_nll
-from polykv_agents.models import embedded_model_file
-from polykv_agents.pool import SharedKVPool
-from polykv_agents.prefill import prefill_cache
+from polykv_agents.model.loading import embedded_model_file
+from polykv_agents.pool.prefill import prefill_cache
+from polykv_agents.pool.shared_pool import SharedKVPool
 
 PEER_SIDE = Path(__file__).with_name("peer_side.py")
 

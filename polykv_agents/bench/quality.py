@@ -24,8 +24,8 @@ from polykv_agents.bench.output import Progress, SuiteResult
 from polykv_agents.bench.sweep import delta_fields, delta_samples
 from polykv_agents.config import CompressionConfig
 from polykv_agents.eval.agreement import exact_match, token_f1
-from polykv_agents.pool import SharedKVPool
-from polykv_agents.prefill import prefill_cache
+from polykv_agents.pool.prefill import prefill_cache
+from polykv_agents.pool.shared_pool import SharedKVPool
 
 Similarity = Callable[[Sequence[str], Sequence[str]], list[float]]
 

@@ -22,9 +22,9 @@ from polykv_agents.bench.agents import role_prompts, run_batched, timed, ttft_po
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress, SuiteResult
 from polykv_agents.config import CompressionConfig
-from polykv_agents.generation import GenerationSettings
-from polykv_agents.pool import SharedKVPool
-from polykv_agents.prefill import prefill_cache
+from polykv_agents.pool.prefill import prefill_cache
+from polykv_agents.pool.shared_pool import SharedKVPool
+from polykv_agents.sampling.settings import GenerationSettings
 
 COMPRESS_TARGET_PCT = 10.0
 DECOMPRESS_TARGET_PCT = 5.0

@@ -21,11 +21,11 @@ from langchain_core.messages import AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk
 from pydantic import Field, model_validator
 
-from polykv_agents.chat_model import ChatPolyKV
+from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.distributed.cluster import RayCluster
-from polykv_agents.documents import Document
-from polykv_agents.handle import PoolHandle
-from polykv_agents.pool import SharedKVPool
+from polykv_agents.pool.documents import Document
+from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.shared_pool import SharedKVPool
 
 # The fields that say which pool to read: sent as the call's handle and document, not as settings.
 _POOL_FIELDS = {"pool", "pool_document"}

@@ -28,9 +28,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from polykv_agents.config import CompressionConfig
 from polykv_agents.distributed.directory import adopt, pool_directory
 from polykv_agents.distributed.worker import CONTROL_GROUP, NodeWorker
-from polykv_agents.handle import PoolHandle
-from polykv_agents.models import DEFAULT_MODEL
-from polykv_agents.pool import SharedKVPool
+from polykv_agents.model.loading import DEFAULT_MODEL
+from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.shared_pool import SharedKVPool
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any
 import ray
 
 from polykv_agents.distributed.object_store import to_stored
-from polykv_agents.pool import SharedKVPool
+from polykv_agents.pool.shared_pool import SharedKVPool
 
 DIRECTORY_NAME = "polykv-pool-directory"
 """The directory actor's name inside the cluster's namespace."""

@@ -1,11 +1,11 @@
 """A pool in Ray's object store: its record (packed tensors as raw bytes, plus the JSON header), and back.
 
 Data flow:
-  SharedKVPool -> :func:`polykv_agents.pool_record.pool_record` -> :func:`to_stored`: each tensor as a
+  SharedKVPool -> :func:`polykv_agents.pool.record.pool_record` -> :func:`to_stored`: each tensor as a
   ``uint8`` numpy array of its bytes (numpy arrays are what Ray's object store hands back without a
   copy, and bytes cover every dtype, bf16 included) + the header -> ``ray.put``
   -> on another node, ``ray.get`` -> :func:`from_stored`: each array reinterpreted, without a copy, as the
-  dtype and shape the header records -> :func:`polykv_agents.pool_record.pool_from_record` (every check:
+  dtype and shape the header records -> :func:`polykv_agents.pool.record.pool_from_record` (every check:
   header checksum, tensor checksum, digest) -> SharedKVPool.
 
 On a node, the arrays ``ray.get`` returns are read-only views of the node's shared memory: every process
@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from polykv_agents.pool import SharedKVPool
-from polykv_agents.pool_record import PoolFileError, pool_from_record, pool_record
+from polykv_agents.pool.record import PoolFileError, pool_from_record, pool_record
+from polykv_agents.pool.shared_pool import SharedKVPool
 
 _REMEDY = "publish the pool again (RayCluster.publish) or let the cluster rebuild it from its document"
 

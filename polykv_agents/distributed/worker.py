@@ -30,16 +30,16 @@ import psutil
 import ray
 from langchain_core.messages import AIMessage, BaseMessage
 
-from polykv_agents.chat_model import ChatPolyKV
+from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.config import CompressionConfig
 from polykv_agents.distributed.directory import pool_directory
 from polykv_agents.distributed.object_store import from_stored, stored_nbytes, to_stored
-from polykv_agents.handle import PoolHandle
-from polykv_agents.models import load_model
-from polykv_agents.pool import SharedKVPool
-from polykv_agents.pool_record import PoolFileError
-from polykv_agents.registry import POOL_REGISTRY, PoolNotFoundError
-from polykv_agents.store import PoolStore
+from polykv_agents.model.loading import load_model
+from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.record import PoolFileError
+from polykv_agents.pool.registry import POOL_REGISTRY, PoolNotFoundError
+from polykv_agents.pool.shared_pool import SharedKVPool
+from polykv_agents.pool.store import PoolStore
 
 logger = logging.getLogger(__name__)
 

@@ -21,12 +21,12 @@ import torch.nn.functional as F
 from pydantic import BaseModel
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from polykv_agents.architecture import check_causal_lm, check_fits_sliding_window
-from polykv_agents.compat import cache_from_key_values, forward_with_cache, layer_key_values
 from polykv_agents.config import CompressionConfig
-from polykv_agents.documents import max_positions
-from polykv_agents.pool import SharedKVPool
-from polykv_agents.prefill import DEFAULT_CHUNK_SIZE, prefill_cache
+from polykv_agents.model.architecture import check_causal_lm, check_fits_sliding_window
+from polykv_agents.model.compat import cache_from_key_values, forward_with_cache, layer_key_values
+from polykv_agents.pool.documents import max_positions
+from polykv_agents.pool.prefill import DEFAULT_CHUNK_SIZE, prefill_cache
+from polykv_agents.pool.shared_pool import SharedKVPool
 
 
 class PerplexityResult(BaseModel):

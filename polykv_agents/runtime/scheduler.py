@@ -33,18 +33,18 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from polykv_agents.generation import (
+from polykv_agents.pool.shared_pool import SharedKVPool
+from polykv_agents.runtime.cascade_attention import CascadeContext, enable_cascade_attention
+from polykv_agents.runtime.shared_prefix import Residency, SharedPrefix
+from polykv_agents.runtime.suffix_cache import SuffixCache
+from polykv_agents.sampling.grammar import TokenConstraint
+from polykv_agents.sampling.settings import (
     GenerationSettings,
     GenerationStats,
     choose_token,
     eos_token_ids,
     token_constraint,
 )
-from polykv_agents.grammar import TokenConstraint
-from polykv_agents.pool import SharedKVPool
-from polykv_agents.runtime.cascade_attention import CascadeContext, enable_cascade_attention
-from polykv_agents.runtime.shared_prefix import Residency, SharedPrefix
-from polykv_agents.runtime.suffix_cache import SuffixCache
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class BatchScheduler:
     ):
         """Queue a request; returns an iterator of its token ids. Closing the iterator cancels it.
 
-        ``constraint`` is the request's grammar state (:func:`polykv_agents.generation.token_constraint`),
+        ``constraint`` is the request's grammar state (:func:`polykv_agents.sampling.settings.token_constraint`),
         built by the caller, outside any lock: compiling a grammar can take a while.
         """
         request = _Request(prompt_ids, settings, budget, stats, settings.make_generator(), constraint)

@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 from transformers import PreTrainedModel
 
-from polykv_agents.pool import SharedKVPool
+from polykv_agents.pool.shared_pool import SharedKVPool
 
 Residency = Literal["decompressed", "compressed"]
 

@@ -11,7 +11,7 @@ from langchain_tests.integration_tests import ChatModelIntegrationTests
 from tiny_models import tiny_llama, tiny_tokenizer
 
 from polykv_agents import SharedKVPool, load_model
-from polykv_agents.chat_model import ChatPolyKV
+from polykv_agents.chat.chat_model import ChatPolyKV
 
 pytestmark = pytest.mark.real_model
 
@@ -58,7 +58,7 @@ class TestChatPolyKVIntegration(ChatModelIntegrationTests):
 
     @property
     def has_tool_calling(self) -> bool:
-        return True  # grammar-constrained (polykv_agents/tools.py)
+        return True  # grammar-constrained (polykv_agents/prompting/tool_calls.py)
 
     @property
     def has_tool_choice(self) -> bool:

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 import polykv_agents.bench
-from polykv_agents.cli import app
+from polykv_agents.cli.main import app
 
 pytestmark = pytest.mark.real_model
 

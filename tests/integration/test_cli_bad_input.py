@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from polykv_agents import cli_support
-from polykv_agents.cli import app
+from polykv_agents.cli import support as cli_support
+from polykv_agents.cli.main import app
 
 runner = CliRunner()
 

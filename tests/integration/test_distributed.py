@@ -18,10 +18,10 @@ from ray.cluster_utils import Cluster
 
 from graphs import role_swarm
 from polykv_agents import CompressionConfig, load_model
-from polykv_agents.chat_model import ChatPolyKV
+from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.distributed import RayChatPolyKV, RayCluster
 from polykv_agents.distributed.directory import DIRECTORY_NAME, pool_directory
-from polykv_agents.registry import POOL_REGISTRY
+from polykv_agents.pool.registry import POOL_REGISTRY
 
 MIB = 2**20
 NODE = {"num_cpus": 2, "object_store_memory": 96 * MIB, "node_ip_address": "127.0.0.1"}

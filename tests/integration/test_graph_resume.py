@@ -22,8 +22,8 @@ import pytest
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from polykv_agents.handle import PoolHandle
-from polykv_agents.store import PoolStore
+from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.store import PoolStore
 
 pytestmark = pytest.mark.real_model
 

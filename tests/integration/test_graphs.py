@@ -30,10 +30,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # `graphs` lives at the repository root, outside the package
 
 from graphs import document_review, role_swarm  # noqa: E402
-from polykv_agents.chat_model import ChatPolyKV  # noqa: E402
-from polykv_agents.handle import PoolHandle  # noqa: E402
-from polykv_agents.prefetch import PrefetchDocument  # noqa: E402
-from polykv_agents.registry import POOL_REGISTRY, PoolNotFoundError  # noqa: E402
+from polykv_agents.chat.chat_model import ChatPolyKV  # noqa: E402
+from polykv_agents.graph.prefetch import PrefetchDocument  # noqa: E402
+from polykv_agents.pool.handle import PoolHandle  # noqa: E402
+from polykv_agents.pool.registry import POOL_REGISTRY, PoolNotFoundError  # noqa: E402
 
 pytestmark = pytest.mark.real_model
 
@@ -310,7 +310,7 @@ def test_importing_the_graph_modules_loads_no_model():
     # A fresh interpreter: importing builds both exported graphs, which must not load weights (chat models
     # load on their first call), so `langgraph dev` starts quickly.
     code = (
-        "import graphs.document_review, graphs.role_swarm, graphs.document_agent; from polykv_agents import models; "
+        "import graphs.document_review, graphs.role_swarm, graphs.document_agent; from polykv_agents.model import loading as models; "
         "assert models._LOADED == {}, models._LOADED; "
         "print(graphs.document_review.graph.name, graphs.role_swarm.graph.name, graphs.document_agent.graph.name)"
     )

@@ -15,9 +15,9 @@ from tiny_models import tiny_llama, tiny_tokenizer
 from polykv_agents import SharedKVPool, load_model
 from polykv_agents.bench.load import load_cases, run_load
 from polykv_agents.bench.soak import growth, run_soak
-from polykv_agents.chat_model import ChatPolyKV
-from polykv_agents.handle import PoolHandle
-from polykv_agents.registry import POOL_REGISTRY
+from polykv_agents.chat.chat_model import ChatPolyKV
+from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.registry import POOL_REGISTRY
 from polykv_agents.runtime import scheduler as schedulers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `graphs`

@@ -7,7 +7,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
 from polykv_agents import SharedKVPool
-from polykv_agents.chat_model import ChatPolyKV
+from polykv_agents.chat.chat_model import ChatPolyKV
 
 
 class ReviewPlan(BaseModel):

@@ -18,8 +18,8 @@ from tiny_models import FAMILIES, SLIDING_WINDOW, tiny_causal_lm
 
 from polykv_agents import CompressionConfig, GenerationSettings, PooledAgent, SharedKVPool
 from polykv_agents.eval.perplexity import perplexity_deltas
+from polykv_agents.pool.store import PoolStore
 from polykv_agents.runtime.cascade_attention import enable_cascade_attention
-from polykv_agents.store import PoolStore
 
 DOC = "Keys are quantised to eight bits; values use a rotated three-bit codebook."
 QUESTIONS = ("What do values use?", "Summarise it.", "Which part is rotated, and why would that matter?")
@@ -120,7 +120,7 @@ def test_document_longer_than_the_sliding_window_is_refused_before_prefill(famil
     def no_prefill(*args, **kwargs):
         raise AssertionError("the document should be refused before any forward pass")
 
-    monkeypatch.setattr("polykv_agents.pool.prefill_cache", no_prefill)
+    monkeypatch.setattr("polykv_agents.pool.shared_pool.prefill_cache", no_prefill)
     with pytest.raises(ValueError, match=rf"sliding-window layers keep only the last {SLIDING_WINDOW - 1}.*split"):
         SharedKVPool.prefill(model, tiny_tok, long_document)
 

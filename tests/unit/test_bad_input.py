@@ -15,13 +15,13 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from tiny_models import tiny_llama, tiny_tokenizer
 
 from polykv_agents import CompressionConfig, GenerationSettings, PooledAgent, SharedKVPool, load_model
-from polykv_agents.chat_model import ChatPolyKV
-from polykv_agents.decoding import encode_prompt
-from polykv_agents.handle import PoolHandle
-from polykv_agents.messages import to_chat_messages
-from polykv_agents.registry import PoolRegistry
+from polykv_agents.chat.chat_model import ChatPolyKV
+from polykv_agents.chat.messages import to_chat_messages
+from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.registry import PoolRegistry
+from polykv_agents.pool.store import PoolStore
+from polykv_agents.prompting.encode import encode_prompt
 from polykv_agents.runtime.scheduler import BatchScheduler
-from polykv_agents.store import PoolStore
 
 DOC = "Shared caches let many agents read one document. " * 4
 QUESTION = "What do agents share?"
@@ -221,7 +221,7 @@ def test_a_conversation_ending_with_an_ai_message_continues_that_message(chat, c
     """Assistant prefill: the prompt ends inside the AI message and the model writes the rest of it;
     the returned message holds only the continuation."""
     ending_with_ai = [*MESSAGES, AIMessage("Agents share")]
-    ids = encode_prompt(tiny_tok, to_chat_messages(ending_with_ai), pool=chat_pool)
+    ids = encode_prompt(tiny_tok, to_chat_messages(ending_with_ai), prefix_messages=chat_pool.prefix_messages)
     assert tiny_tok.decode(ids).endswith("<|im_start|>assistant\nAgents share")
     pooled = chat.with_pool(chat_pool)
     message = pooled.invoke(ending_with_ai)
@@ -230,8 +230,13 @@ def test_a_conversation_ending_with_an_ai_message_continues_that_message(chat, c
 
 
 def test_an_empty_final_ai_message_is_a_fresh_assistant_turn(chat_pool, tiny_tok):
-    ids = encode_prompt(tiny_tok, to_chat_messages([*MESSAGES, AIMessage("")]), pool=chat_pool)
-    assert ids.tolist() == encode_prompt(tiny_tok, to_chat_messages(MESSAGES), pool=chat_pool).tolist()
+    ids = encode_prompt(
+        tiny_tok, to_chat_messages([*MESSAGES, AIMessage("")]), prefix_messages=chat_pool.prefix_messages
+    )
+    assert (
+        ids.tolist()
+        == encode_prompt(tiny_tok, to_chat_messages(MESSAGES), prefix_messages=chat_pool.prefix_messages).tolist()
+    )
 
 
 # ---------------------------------------------------------------- async cancellation

@@ -9,10 +9,10 @@ import pytest
 from langchain_core.messages import AIMessageChunk, FunctionMessage, HumanMessage, SystemMessage
 
 from polykv_agents import SharedKVPool, load_model
-from polykv_agents import models as models_module
-from polykv_agents.chat_model import ChatPolyKV
-from polykv_agents.handle import PoolHandle
-from polykv_agents.registry import POOL_REGISTRY
+from polykv_agents.chat.chat_model import ChatPolyKV
+from polykv_agents.model import loading as models_module
+from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.registry import POOL_REGISTRY
 
 DOC = "Shared caches let many agents read one document. Values use a rotated three-bit codebook. " * 6
 MESSAGES = [SystemMessage("You are the critic."), HumanMessage("What do values use?")]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from langchain_tests.unit_tests import ChatModelUnitTests
 
-from polykv_agents.chat_model import ChatPolyKV
+from polykv_agents.chat.chat_model import ChatPolyKV
 
 
 class TestChatPolyKVUnit(ChatModelUnitTests):
@@ -18,7 +18,7 @@ class TestChatPolyKVUnit(ChatModelUnitTests):
 
     @property
     def has_tool_calling(self) -> bool:
-        return True  # grammar-constrained (polykv_agents/tools.py)
+        return True  # grammar-constrained (polykv_agents/prompting/tool_calls.py)
 
     @property
     def has_tool_choice(self) -> bool:

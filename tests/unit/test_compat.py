@@ -6,7 +6,7 @@ import torch
 from tiny_models import tiny_llama
 from transformers import LlamaForCausalLM
 
-from polykv_agents.compat import cache_keyword, forward_with_cache, layer_key_values, new_dynamic_cache
+from polykv_agents.model.compat import cache_keyword, forward_with_cache, layer_key_values, new_dynamic_cache
 
 
 class LegacyKeywordLlama(LlamaForCausalLM):

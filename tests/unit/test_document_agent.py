@@ -15,9 +15,9 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from tiny_models import tiny_llama, tiny_tokenizer
 
 from graphs import document_agent
-from polykv_agents.chat_model import ChatPolyKV
-from polykv_agents.middleware import DocumentPoolMiddleware
-from polykv_agents.registry import POOL_REGISTRY
+from polykv_agents.chat.chat_model import ChatPolyKV
+from polykv_agents.graph.middleware import DocumentPoolMiddleware
+from polykv_agents.pool.registry import POOL_REGISTRY
 
 DOCUMENT = (
     "# Register\n\nDrought is the first risk: the reservoir fell to 41 percent.\n\n"

@@ -7,7 +7,7 @@ import copy
 import torch
 from tiny_models import tiny_llama
 
-from polykv_agents.fingerprint import model_fingerprint
+from polykv_agents.model.fingerprint import model_fingerprint
 
 
 def test_fingerprint_is_memoised_while_nothing_changes(tiny_tok):

@@ -9,7 +9,7 @@ import pydantic
 import pytest
 import torch
 
-from polykv_agents.generation import GenerationSettings, next_token
+from polykv_agents.sampling.settings import GenerationSettings, next_token
 
 # --------------------------------------------------------------------------- settings
 

@@ -13,7 +13,7 @@ from langgraph.graph import END, START, StateGraph
 from pydantic import ValidationError
 
 from polykv_agents import CompressionConfig, SharedKVPool
-from polykv_agents.handle import PoolHandle
+from polykv_agents.pool.handle import PoolHandle
 
 DOC = "Shared caches let many agents read one document. " * 4
 

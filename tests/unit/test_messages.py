@@ -13,7 +13,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
-from polykv_agents.messages import to_chat_messages
+from polykv_agents.chat.messages import to_chat_messages
 
 
 def test_each_message_type_gets_its_chat_role():

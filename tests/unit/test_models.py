@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from polykv_agents import ModelNotFoundError, load_model
-from polykv_agents import models as models_module
+from polykv_agents.model import loading as models_module
 
 
 def test_missing_embedded_model_names_the_install_command(monkeypatch):

@@ -8,8 +8,8 @@ from tiny_models import tiny_llama
 from transformers import BertConfig, BertModel
 
 from polykv_agents import CodecConfig, CompressionConfig, PooledAgent, SharedKVPool
-from polykv_agents.compat import layer_key_values
-from polykv_agents.prefill import prefill_cache
+from polykv_agents.model.compat import layer_key_values
+from polykv_agents.pool.prefill import prefill_cache
 
 DOC = "Shared caches let many agents read one document. " * 12
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from polykv_agents.chat_model import ChatPolyKV
-from polykv_agents.prefetch import PrefetchDocument
-from polykv_agents.registry import PoolRegistry
-from polykv_agents.store import PoolStore
+from polykv_agents.chat.chat_model import ChatPolyKV
+from polykv_agents.graph.prefetch import PrefetchDocument
+from polykv_agents.pool.registry import PoolRegistry
+from polykv_agents.pool.store import PoolStore
 
 DOC = "The review covers budgets, staffing and the reservoir programme. " * 5
 

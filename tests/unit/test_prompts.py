@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from polykv_agents.prompts import agent_turns, render_continuation, render_messages
+from polykv_agents.prompting.chat_template import agent_turns, render_continuation, render_messages
 
 # A template in the style of Gemma/Mistral: no system role, strict user/assistant alternation.
 NO_SYSTEM_TEMPLATE = (

@@ -11,9 +11,9 @@ import torch
 from tiny_models import tiny_llama
 
 from polykv_agents import CompressionConfig, SharedKVPool
-from polykv_agents.handle import PoolHandle
-from polykv_agents.registry import POOL_REGISTRY, PoolNotFoundError, PoolRegistry
-from polykv_agents.store import PoolFileError, PoolStore
+from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.registry import POOL_REGISTRY, PoolNotFoundError, PoolRegistry
+from polykv_agents.pool.store import PoolFileError, PoolStore
 
 DOC = "Planner, critic, summarizer: shared caches let many agents read one document. " * 4
 OTHER_DOC = "Keys are quantised to eight bits; values use a rotated three-bit codebook. " * 4

@@ -8,11 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from polykv_agents import SharedKVPool, load_model
-from polykv_agents import registry as registry_module
-from polykv_agents.chat_model import ChatPolyKV
-from polykv_agents.handle import PoolHandle
-from polykv_agents.registry import PoolRegistry
-from polykv_agents.store import PoolStore
+from polykv_agents.chat.chat_model import ChatPolyKV
+from polykv_agents.pool import registry as registry_module
+from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.registry import PoolRegistry
+from polykv_agents.pool.store import PoolStore
 
 DOCS = [f"Document {i}: shared caches let many agents read one document, compressed once. " * 3 for i in range(4)]
 
@@ -88,7 +88,7 @@ def test_an_evicted_pool_comes_back_from_its_store_without_a_prefill(tiny_model,
 
 def test_a_chat_call_holds_a_lease_while_it_streams(tiny_model_dir, monkeypatch):
     registry = PoolRegistry(max_bytes=1)
-    monkeypatch.setattr("polykv_agents.chat_model.POOL_REGISTRY", registry)
+    monkeypatch.setattr("polykv_agents.chat.chat_model.POOL_REGISTRY", registry)
     model, tokenizer = load_model(tiny_model_dir)
     pool = SharedKVPool.prefill(model, tokenizer, DOCS[0])
     other = SharedKVPool.prefill(model, tokenizer, DOCS[1])
@@ -109,7 +109,7 @@ def test_a_chat_call_holds_a_lease_while_it_streams(tiny_model_dir, monkeypatch)
 def test_concurrent_calls_under_a_tight_budget_all_complete(tiny_model_dir, monkeypatch):
     """Pools churn in and out of a one-pool budget while calls over four documents run at once."""
     registry = PoolRegistry(max_bytes=1)
-    monkeypatch.setattr("polykv_agents.chat_model.POOL_REGISTRY", registry)
+    monkeypatch.setattr("polykv_agents.chat.chat_model.POOL_REGISTRY", registry)
     model, tokenizer = load_model(tiny_model_dir)
     chats = []
     for doc in DOCS:
@@ -125,7 +125,7 @@ def test_concurrent_calls_under_a_tight_budget_all_complete(tiny_model_dir, monk
 def test_a_chat_model_given_a_pool_object_keeps_it_through_eviction(tiny_model_dir, monkeypatch):
     """``with_pool(pool)`` hands over the pool itself: eviction from the registry must not lose it."""
     registry = PoolRegistry(max_bytes=1)
-    monkeypatch.setattr("polykv_agents.chat_model.POOL_REGISTRY", registry)
+    monkeypatch.setattr("polykv_agents.chat.chat_model.POOL_REGISTRY", registry)
     model, tokenizer = load_model(tiny_model_dir)
     pool = SharedKVPool.prefill(model, tokenizer, DOCS[0])
     chat = ChatPolyKV(model=tiny_model_dir, max_tokens=6).with_pool(pool)  # no store, no document

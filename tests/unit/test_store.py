@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from polykv_agents import CodecConfig, CompressionConfig, SharedKVPool
-from polykv_agents.store import FORMAT_VERSION, PoolFileError, PoolStore
+from polykv_agents.pool.store import FORMAT_VERSION, PoolFileError, PoolStore
 
 DOC = "Shared caches let many agents read one document. " * 6
 CONFIGS = {
@@ -64,7 +64,7 @@ def rewrite(path, edit) -> None:
 
 def recompute_header_checksum(header: dict) -> None:
     """What a careful forger would do after an edit (the store's checksum of its own metadata)."""
-    from polykv_agents.pool_record import _header_checksum
+    from polykv_agents.pool.record import _header_checksum
 
     header.pop("header_checksum")
     header["header_checksum"] = _header_checksum(header)
@@ -150,7 +150,7 @@ def test_save_is_atomic_and_lazy_about_the_directory(pool, tmp_path, monkeypatch
         raise OSError("disk full")
 
     store.delete(pool.digest)
-    monkeypatch.setattr("polykv_agents.store.save_file", failing_save_file)
+    monkeypatch.setattr("polykv_agents.pool.store.save_file", failing_save_file)
     with pytest.raises(OSError, match="disk full"):
         store.save(pool)
     assert os.listdir(directory) == []  # neither a partial target nor the temporary file

@@ -16,8 +16,8 @@ from tiny_models import tiny_llama
 from typing_extensions import TypedDict
 
 from polykv_agents import GenerationSettings, PooledAgent, SharedKVPool, load_model
-from polykv_agents.chat_model import ChatPolyKV
-from polykv_agents.grammar import GrammarError, TokenConstraint, closed_schema, json_schema_grammar
+from polykv_agents.chat.chat_model import ChatPolyKV
+from polykv_agents.sampling.grammar import GrammarError, TokenConstraint, closed_schema, json_schema_grammar
 
 DOC = "Shared caches let many agents read one document. Values use a rotated three-bit codebook. " * 4
 

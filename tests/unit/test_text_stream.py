@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import tiny_tokenizer
 
-from polykv_agents.text_stream import StopAwareDetokenizer
+from polykv_agents.sampling.text_stream import StopAwareDetokenizer
 
 REPLACEMENT_CHAR = "\ufffd"
 

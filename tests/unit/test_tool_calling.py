@@ -10,11 +10,17 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from pydantic import BaseModel, Field
 
 from polykv_agents import SharedKVPool, load_model
-from polykv_agents.chat_model import ChatPolyKV, _BoundTools
-from polykv_agents.grammar import GrammarError, TokenConstraint
-from polykv_agents.messages import to_chat_messages
-from polykv_agents.tool_prompts import prepare_turns
-from polykv_agents.tools import CALL_OPEN, format_tools, normalize_tool_choice, parse_tool_calls, tool_call_grammar
+from polykv_agents.chat.chat_model import ChatPolyKV, _BoundTools
+from polykv_agents.chat.messages import to_chat_messages
+from polykv_agents.prompting.tool_calls import (
+    CALL_OPEN,
+    format_tools,
+    normalize_tool_choice,
+    parse_tool_calls,
+    tool_call_grammar,
+)
+from polykv_agents.prompting.tool_prompts import prepare_turns
+from polykv_agents.sampling.grammar import GrammarError, TokenConstraint
 
 DOC = "The register lists three risks: drought, ageing mains and workforce. " * 4
 

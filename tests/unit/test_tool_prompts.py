@@ -11,12 +11,12 @@ from pydantic import BaseModel, Field
 from tiny_models import CHATML_TEMPLATE, tiny_hermes_tokenizer, tiny_llama
 
 from polykv_agents import SharedKVPool
-from polykv_agents.chat_model import ChatPolyKV
-from polykv_agents.decoding import encode_prompt
-from polykv_agents.messages import to_chat_messages
-from polykv_agents.prompts import render_messages
-from polykv_agents.tool_prompts import TOOLS_SYSTEM_PROMPT, ToolsShown, prepare_turns, template_renders_tools
-from polykv_agents.tools import format_tools, tools_prompt
+from polykv_agents.chat.chat_model import ChatPolyKV
+from polykv_agents.chat.messages import to_chat_messages
+from polykv_agents.prompting.chat_template import render_messages
+from polykv_agents.prompting.encode import encode_prompt
+from polykv_agents.prompting.tool_calls import format_tools, tools_prompt
+from polykv_agents.prompting.tool_prompts import TOOLS_SYSTEM_PROMPT, ToolsShown, prepare_turns, template_renders_tools
 
 
 class Add(BaseModel):
@@ -65,10 +65,7 @@ def test_a_reassigned_template_is_probed_again(hermes):
 
 
 def pooled_text(tokenizer, pool_messages, history, tools) -> str:
-    class FakePool:  # encode_prompt reads only the prefix messages of a pool
-        prefix_messages = pool_messages
-
-    ids = encode_prompt(tokenizer, to_chat_messages(history), pool=FakePool(), tools=tools)
+    ids = encode_prompt(tokenizer, to_chat_messages(history), prefix_messages=pool_messages, tools=tools)
     return tokenizer.decode(ids)
 
 
@@ -91,7 +88,7 @@ def test_a_call_without_a_system_turn_gets_one_for_its_tools(hermes):
 
 
 def test_without_a_pool_the_tools_go_where_the_template_puts_them(hermes):
-    ids = encode_prompt(hermes, to_chat_messages(HISTORY), pool=None, tools=SHOWN)
+    ids = encode_prompt(hermes, to_chat_messages(HISTORY), tools=SHOWN)
     assert hermes.decode(ids).startswith("<|im_start|>system\nYou are the analyst.\n\nYou may call these tools:")
 
 

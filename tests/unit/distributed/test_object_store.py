@@ -10,7 +10,7 @@ from tiny_models import tiny_llama, tiny_tokenizer
 
 from polykv_agents import CompressionConfig, SharedKVPool
 from polykv_agents.distributed.object_store import from_stored, stored_nbytes, to_stored
-from polykv_agents.store import PoolFileError
+from polykv_agents.pool.store import PoolFileError
 
 DOC = "Shared caches let many agents read one document. " * 6
 

@@ -9,10 +9,10 @@ import pytest
 from langchain_core.runnables import ConfigurableField
 
 from polykv_agents import SharedKVPool
-from polykv_agents.chat_model import ChatPolyKV
+from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.distributed import RayChatPolyKV, RayCluster
-from polykv_agents.handle import PoolHandle
-from polykv_agents.roles import role_chat_model
+from polykv_agents.graph.workflow import role_chat_model
+from polykv_agents.pool.handle import PoolHandle
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import torch
 from tiny_models import tiny_llama
 
 from polykv_agents import SharedKVPool
-from polykv_agents.compat import forward_with_cache
+from polykv_agents.model.compat import forward_with_cache
 from polykv_agents.runtime import cascade_attention
 from polykv_agents.runtime.cascade_attention import ATTENTION_NAME, CascadeContext, enable_cascade_attention
 from polykv_agents.runtime.shared_prefix import SharedPrefix

@@ -10,10 +10,10 @@ import torch
 from tiny_models import tiny_llama
 
 from polykv_agents import PooledAgent, SharedKVPool
-from polykv_agents.decoding import generate_token_ids
-from polykv_agents.generation import GenerationSettings, GenerationStats
 from polykv_agents.runtime import scheduler as schedulers
+from polykv_agents.runtime.decoding import generate_token_ids
 from polykv_agents.runtime.scheduler import BatchScheduler
+from polykv_agents.sampling.settings import GenerationSettings, GenerationStats
 
 DOC = "Keys are quantised to eight bits; values use a rotated three-bit codebook. " * 8
 QUESTIONS = ["What do values use?", "Keys?", "Summarise the document in a few words, please."]

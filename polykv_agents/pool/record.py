@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from polykv_agents.codecs import EncodedTensor
 from polykv_agents.codecs.encoded import dtype_name
 from polykv_agents.config import CompressionConfig
-from polykv_agents.fingerprint import ModelFingerprint
-from polykv_agents.pool import EncodedLayer, SharedKVPool
+from polykv_agents.model.fingerprint import ModelFingerprint
+from polykv_agents.pool.shared_pool import EncodedLayer, SharedKVPool
 
 FORMAT_VERSION = 1
 """Version of the record layout this module writes and reads. Bump it whenever the layout changes:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
-    from polykv_agents.pool import SharedKVPool
+    from polykv_agents.pool.shared_pool import SharedKVPool
 
 
 class MemoryReport(BaseModel):

@@ -11,51 +11,25 @@ A call never writes the pool: it decodes it into a cache that only this call hol
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
-from polykv_agents.compat import forward_with_cache, new_dynamic_cache
-from polykv_agents.documents import max_positions
-from polykv_agents.generation import GenerationSettings, GenerationStats, choose_token, eos_token_ids, token_constraint
-from polykv_agents.pool import SharedKVPool
-from polykv_agents.prompts import Message, Tools, ToolsPlacementError, render_continuation, render_prompt
+from polykv_agents.model.compat import forward_with_cache, new_dynamic_cache
+from polykv_agents.pool.documents import max_positions
+from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.runtime import scheduler
-from polykv_agents.text_stream import StopAwareDetokenizer
-from polykv_agents.tool_prompts import ToolsShown, prepare_turns
-
-
-def encode_prompt(
-    tokenizer: PreTrainedTokenizerBase,
-    messages: Sequence[Message],
-    *,
-    pool: SharedKVPool | None,
-    tools: ToolsShown | None = None,
-) -> torch.Tensor:
-    """Token ids ``[n]`` of ``messages`` plus the generation prompt: as a continuation of the pool's
-    prefix when there is a pool, else as a whole prompt. ``tools`` and earlier tool calls are shown as
-    :mod:`polykv_agents.tool_prompts` decides for this tokenizer's chat template."""
-    try:
-        text = _render_call(tokenizer, *prepare_turns(tokenizer, messages, tools), pool=pool)
-    except ToolsPlacementError:  # this conversation lines up unlike the template's probe: the documented format
-        text = _render_call(tokenizer, *prepare_turns(tokenizer, messages, tools, template_tools=False), pool=pool)
-    # The rendered template already holds its special tokens.
-    return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
-
-
-def _render_call(
-    tokenizer: PreTrainedTokenizerBase,
-    messages: Sequence[Message],
-    template_tools: Tools,
-    *,
-    pool: SharedKVPool | None,
-) -> str:
-    if pool is not None:
-        return render_continuation(tokenizer, pool.prefix_messages, messages, tools=template_tools)
-    return render_prompt(tokenizer, messages, tools=template_tools)
+from polykv_agents.sampling.settings import (
+    GenerationSettings,
+    GenerationStats,
+    choose_token,
+    eos_token_ids,
+    token_constraint,
+)
+from polykv_agents.sampling.text_stream import StopAwareDetokenizer
 
 
 @torch.inference_mode()

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from polykv_agents.cli_support import (
+from polykv_agents.cli.support import (
     ModelOpt,
     clean_errors,
     err,

@@ -2,15 +2,15 @@
 
 Data flow:
   pydantic model / TypedDict / JSON schema -> JSON schema (langchain-core's converter)
-  -> checked at bind time (:func:`polykv_agents.grammar.json_schema_grammar`: a schema that cannot
+  -> checked at bind time (:func:`polykv_agents.sampling.grammar.json_schema_grammar`: a schema that cannot
      be compiled is an error here, not mid-generation)
   -> the chat model bound with ``response_format={"type": "json_schema", ...}``; each call decodes
-     under the grammar (:class:`polykv_agents.grammar.TokenConstraint`)
+     under the grammar (:class:`polykv_agents.sampling.grammar.TokenConstraint`)
   -> a parser: the pydantic model's own validation, or plain JSON for TypedDicts and dict schemas.
 
 ``json_mode`` constrains to any JSON object and parses it (with the schema's pydantic model, if one is
 given). ``function_calling`` binds the schema as the one tool the model must call
-(:mod:`polykv_agents.tools`) and parses that call's arguments. ``include_raw=True`` returns
+(:mod:`polykv_agents.prompting.tool_calls`) and parses that call's arguments. ``include_raw=True`` returns
 ``{"raw", "parsed", "parsing_error"}`` as LangChain's models do.
 """
 
@@ -31,7 +31,7 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ValidationError as PydanticValidationError
 from pydantic.v1 import ValidationError as PydanticV1ValidationError
 
-from polykv_agents.grammar import ANY_JSON_OBJECT, GrammarError, closed_schema, json_schema_grammar
+from polykv_agents.sampling.grammar import ANY_JSON_OBJECT, GrammarError, closed_schema, json_schema_grammar
 
 METHODS = ("json_schema", "json_mode", "function_calling")
 

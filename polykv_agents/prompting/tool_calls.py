@@ -7,7 +7,7 @@ per call, several blocks for parallel calls:
 
 Data flow of one call with tools bound:
   LangChain or OpenAI tools -> OpenAI function specs (langchain-core's converter)
-  -> shown to the model (:mod:`polykv_agents.tool_prompts`: through the chat template's own tool support
+  -> shown to the model (:mod:`polykv_agents.prompting.tool_prompts`: through the chat template's own tool support
      when it asks for this format, else the system message of :func:`tools_prompt`)
   -> :func:`tool_call_grammar` by ``tool_choice``: ``required`` (calls to any tool), a tool's name
      (calls to that one), ``auto`` (plain text that does not start with ``<``, or calls), ``none``
@@ -28,7 +28,7 @@ from typing import Any
 import llguidance
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from polykv_agents.grammar import GrammarError, closed_schema
+from polykv_agents.sampling.grammar import GrammarError, closed_schema
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"

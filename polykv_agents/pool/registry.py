@@ -1,10 +1,10 @@
 """PoolRegistry: the pools of this process by digest, each prefilled at most once.
 
-LangGraph state holds a :class:`~polykv_agents.handle.PoolHandle`, never tensors; the pool itself
+LangGraph state holds a :class:`~polykv_agents.pool.handle.PoolHandle`, never tensors; the pool itself
 lives here. Data flow of :meth:`PoolRegistry.get_or_build`:
   document -> token ids and model fingerprint -> digest (no prefill needed to know it)
   -> already registered? return it
-  -> else saved in the store? load it (:class:`~polykv_agents.store.PoolStore`)
+  -> else saved in the store? load it (:class:`~polykv_agents.pool.store.PoolStore`)
   -> else prefill it, save it to the store if one is given
   -> register it and return it.
 :meth:`PoolRegistry.resolve` does the same from a handle, for a node that may run in a fresh process
@@ -40,14 +40,14 @@ from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from polykv_agents.architecture import check_causal_lm
 from polykv_agents.config import CompressionConfig, compression_config
-from polykv_agents.documents import Document, tokenize_document
-from polykv_agents.fingerprint import check_same_model, model_fingerprint
-from polykv_agents.handle import PoolHandle
-from polykv_agents.pool import SharedKVPool, pool_digest
-from polykv_agents.prefill import DEFAULT_CHUNK_SIZE
-from polykv_agents.store import PoolStore
+from polykv_agents.model.architecture import check_causal_lm
+from polykv_agents.model.fingerprint import check_same_model, model_fingerprint
+from polykv_agents.pool.documents import Document, tokenize_document
+from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.prefill import DEFAULT_CHUNK_SIZE
+from polykv_agents.pool.shared_pool import SharedKVPool, pool_digest
+from polykv_agents.pool.store import PoolStore
 
 logger = logging.getLogger(__name__)
 

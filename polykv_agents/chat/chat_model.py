@@ -2,7 +2,7 @@
 
 One call:
   LangChain messages -> chat-template turns that continue the pool's prefix (or a whole prompt,
-  without a pool) -> :mod:`polykv_agents.decoding` -> text chunks, then one last chunk that
+  without a pool) -> :mod:`polykv_agents.runtime.decoding` -> text chunks, then one last chunk that
   carries usage metadata (``cache_read`` = tokens served from the pool) and response metadata.
 
 Constructing a chat model loads nothing. The first call loads the model through the process-wide
@@ -28,18 +28,16 @@ from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from pydantic import Field, PrivateAttr
 
-from polykv_agents.async_bridge import iterate_in_thread
-from polykv_agents.decoding import Runtime, encode_prompt, generate_text
-from polykv_agents.documents import Document
-from polykv_agents.generation import GenerationSettings, GenerationStats
-from polykv_agents.handle import PoolHandle
-from polykv_agents.messages import to_chat_messages
-from polykv_agents.models import DEFAULT_MODEL, load_model
-from polykv_agents.pool import SharedKVPool
-from polykv_agents.registry import POOL_REGISTRY
-from polykv_agents.structured_output import response_format_grammar, structured_output
-from polykv_agents.tool_prompts import ToolsShown
-from polykv_agents.tools import (
+from polykv_agents.chat.async_bridge import iterate_in_thread
+from polykv_agents.chat.messages import to_chat_messages
+from polykv_agents.chat.structured_output import response_format_grammar, structured_output
+from polykv_agents.model.loading import DEFAULT_MODEL, load_model
+from polykv_agents.pool.documents import Document
+from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.registry import POOL_REGISTRY
+from polykv_agents.pool.shared_pool import SharedKVPool
+from polykv_agents.prompting.encode import encode_prompt
+from polykv_agents.prompting.tool_calls import (
     CALL_OPEN,
     format_tools,
     normalize_tool_choice,
@@ -47,6 +45,9 @@ from polykv_agents.tools import (
     tool_call_grammar,
     tools_prompt,
 )
+from polykv_agents.prompting.tool_prompts import ToolsShown
+from polykv_agents.runtime.decoding import Runtime, generate_text
+from polykv_agents.sampling.settings import GenerationSettings, GenerationStats
 
 
 @dataclass(frozen=True)
@@ -224,9 +225,9 @@ class ChatPolyKV(BaseChatModel):
         """This model with ``tools`` (LangChain tools, functions, pydantic models or OpenAI tool dicts).
 
         Tool calls are decoded under a grammar built from the tools' parameters, so they always parse,
-        and come back as ``AIMessage.tool_calls`` with ids; see :mod:`polykv_agents.tools`. The tools are
+        and come back as ``AIMessage.tool_calls`` with ids; see :mod:`polykv_agents.prompting.tool_calls`. The tools are
         shown through the chat template's own tool support where it has this call format, else in a
-        documented system message (:mod:`polykv_agents.tool_prompts`).
+        documented system message (:mod:`polykv_agents.prompting.tool_prompts`).
 
         Args:
             tools: The tools.
@@ -254,7 +255,7 @@ class ChatPolyKV(BaseChatModel):
     ) -> Runnable:
         """Answers as JSON following ``schema`` (a pydantic model, a TypedDict or a JSON schema), decoded
         under a grammar compiled from it, so the output always parses; see
-        :mod:`polykv_agents.structured_output`.
+        :mod:`polykv_agents.chat.structured_output`.
 
         Args:
             schema: The output schema; optional for ``method="json_mode"`` (any JSON object).
@@ -287,7 +288,12 @@ class ChatPolyKV(BaseChatModel):
             if self.pool is not None:
                 # Leased for the whole call: the registry's byte budget never evicts a pool in use.
                 pool = lease.enter_context(self._leased_pool(model, tokenizer))
-            prompt_ids = encode_prompt(tokenizer, turns, pool=pool, tools=tools.shown if tools else None)
+            prompt_ids = encode_prompt(
+                tokenizer,
+                turns,
+                prefix_messages=pool.prefix_messages if pool else None,
+                tools=tools.shown if tools else None,
+            )
             stats = GenerationStats(prompt_tokens=prompt_ids.numel(), cached_tokens=pool.num_tokens if pool else 0)
             pieces = generate_text(model, tokenizer, prompt_ids, settings, pool=pool, stats=stats, runtime=self.runtime)
             # The first piece tells tool calls (sent whole, once complete) from text (streamed as it comes):

@@ -26,7 +26,7 @@ from transformers import PreTrainedTokenizerBase
 
 Message = Mapping[str, Any]
 """A chat message: ``{"role": "system" | "user" | "assistant" | "tool", "content": str}``, plus
-``tool_calls`` on an assistant message and ``tool_call_id`` on a tool message (:mod:`polykv_agents.messages`)."""
+``tool_calls`` on an assistant message and ``tool_call_id`` on a tool message (:mod:`polykv_agents.chat.messages`)."""
 
 Tools = Sequence[Mapping[str, Any]] | None
 """OpenAI function specs for the template's own tool support, or ``None``."""
@@ -105,7 +105,7 @@ def render_messages(
 def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message], *, tools: Tools = None) -> str:
     """A whole conversation ending in the generation prompt, or inside its final assistant message
     (no pool in front of it). Tokenizers without a chat template get a plain ``User: ... / Assistant:`` format
-    (and no tools: :mod:`polykv_agents.tool_prompts` shows them in the text instead)."""
+    (and no tools: :mod:`polykv_agents.prompting.tool_prompts` shows them in the text instead)."""
     if has_chat_template(tokenizer):
         return render_messages(tokenizer, messages, generation_prompt=True, tools=tools)
     messages = _without_empty_final_answer(messages)
@@ -154,7 +154,7 @@ def render_continuation(
     if not alone.endswith(continuation) or not alone_with_tools.startswith(preamble):
         msg = (
             "This chat template writes tools in front of the pool's shared prefix, not in the call's own turns; "
-            "show the tools in a system message of the call instead (polykv_agents.tools.tools_prompt)"
+            "show the tools in a system message of the call instead (polykv_agents.prompting.tool_calls.tools_prompt)"
         )
         raise ToolsPlacementError(msg)
     return alone_with_tools[len(preamble) :]

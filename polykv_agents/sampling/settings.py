@@ -14,7 +14,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from polykv_agents.grammar import TokenConstraint
+from polykv_agents.sampling.grammar import TokenConstraint
 
 
 class GenerationSettings(BaseModel):
@@ -35,7 +35,7 @@ class GenerationSettings(BaseModel):
     ignore_eos: bool = False
     """Keep decoding past end-of-turn tokens (benchmarks use it to decode exactly max_new_tokens)."""
     grammar: str | None = None
-    """An llguidance grammar every token must follow (:func:`polykv_agents.grammar.json_schema_grammar`).
+    """An llguidance grammar every token must follow (:func:`polykv_agents.sampling.grammar.json_schema_grammar`).
     The answer then ends when the grammar is complete, and stop sequences are not applied: one that
     occurs inside a JSON string must not cut the JSON."""
     structured_opening: str | None = None

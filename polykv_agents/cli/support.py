@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from polykv_agents.models import DEFAULT_MODEL, ModelNotFoundError
+from polykv_agents.model.loading import DEFAULT_MODEL, ModelNotFoundError
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)  # an error stays one line in logs and pipes, whatever its length
@@ -65,14 +65,14 @@ def progress_bar() -> Progress:
 
 
 def load_model_with_spinner(name: str | None):
-    from polykv_agents.models import load_model
+    from polykv_agents.model.loading import load_model
 
     with err.status(f"Loading {name or DEFAULT_MODEL} ..."):
         return load_model(name)
 
 
 def read_document(path: Path) -> str:
-    from polykv_agents.documents import document_text
+    from polykv_agents.pool.documents import document_text
 
     return document_text(path.read_bytes())
 

@@ -1,13 +1,13 @@
 """PoolStore: pools on disk as safetensors files named by their digest, so a fresh process can reload one.
 
-Data flow of :meth:`PoolStore.save`: the pool's record (:func:`polykv_agents.pool_record.pool_record`:
+Data flow of :meth:`PoolStore.save`: the pool's record (:func:`polykv_agents.pool.record.pool_record`:
 every stored tensor, plus one JSON header with fingerprint, config, per-layer codec metadata, sizes and
 checksums) -> one safetensors file ``<digest>.safetensors``, the header stored as the file's ``polykv``
 metadata entry, written to a temporary file in the same directory and moved into place, so a reader never
 sees half a file. Nothing is ever pickled: loading a file cannot run code.
 
 :meth:`PoolStore.load` reads the file back and hands it to
-:func:`polykv_agents.pool_record.pool_from_record`, which checks the format version, the header's own
+:func:`polykv_agents.pool.record.pool_from_record`, which checks the format version, the header's own
 checksum, the stored tensors' names, dtypes and shapes, the tensor checksum, and that the rebuilt pool has
 the digest the file is named by. Any failure is a :class:`PoolFileError` saying which file is bad and what
 to do about it. The checks catch corruption and careless edits, not a deliberate forgery: treat a store
@@ -29,8 +29,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from polykv_agents.pool import SharedKVPool
-from polykv_agents.pool_record import CORRUPTION_ERRORS, FORMAT_VERSION, PoolFileError, pool_from_record, pool_record
+from polykv_agents.pool.record import CORRUPTION_ERRORS, FORMAT_VERSION, PoolFileError, pool_from_record, pool_record
+from polykv_agents.pool.shared_pool import SharedKVPool
 
 logger = logging.getLogger(__name__)
 

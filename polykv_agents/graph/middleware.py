@@ -30,11 +30,11 @@ from langchain_core.messages import HumanMessage, ToolMessage
 from langgraph.runtime import Runtime
 from typing_extensions import NotRequired
 
-from polykv_agents.chat_model import ChatPolyKV
+from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.config import CompressionConfig
-from polykv_agents.handle import PoolHandle
-from polykv_agents.prefetch import PrefetchDocument
-from polykv_agents.store import PoolStore
+from polykv_agents.graph.prefetch import PrefetchDocument
+from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.store import PoolStore
 
 
 class DocumentAgentState(AgentState):

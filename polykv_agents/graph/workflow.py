@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage
 
-from polykv_agents.chat_model import ChatPolyKV
+from polykv_agents.chat.chat_model import ChatPolyKV
 
 if TYPE_CHECKING:
     from polykv_agents.distributed import RayCluster

@@ -3,7 +3,7 @@
 System, human, AI and tool messages map to the ``system``, ``user``, ``assistant`` and ``tool``
 roles; a ``ChatMessage`` keeps its own role. An ``AIMessage``'s tool calls are kept in the form chat
 templates with tool support read (``tool_calls: [{"type": "function", "id", "function": {"name",
-"arguments"}}]``), a ``ToolMessage``'s call id as ``tool_call_id``: :mod:`polykv_agents.tool_prompts`
+"arguments"}}]``), a ``ToolMessage``'s call id as ``tool_call_id``: :mod:`polykv_agents.prompting.tool_prompts`
 then lets the template render them, or writes them into the text for templates that cannot. Only text
 content is supported: content blocks of other kinds, and message types that have no chat-template
 role, raise a clear error.
@@ -47,7 +47,7 @@ def _text(message: BaseMessage) -> str:
 
 
 def to_chat_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
-    """Convert LangChain messages for :func:`polykv_agents.prompts.render_messages`.
+    """Convert LangChain messages for :func:`polykv_agents.prompting.chat_template.render_messages`.
 
     Raises:
         TypeError: A message type with no chat role (e.g. ``FunctionMessage``, ``RemoveMessage``).

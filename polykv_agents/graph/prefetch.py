@@ -27,12 +27,12 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, conver
 from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import Runnable, RunnableLambda
 
-from polykv_agents.chat_model import ChatPolyKV
+from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.config import CompressionConfig
-from polykv_agents.handle import PoolHandle
-from polykv_agents.models import load_model
-from polykv_agents.registry import POOL_REGISTRY, PoolRegistry
-from polykv_agents.store import PoolStore
+from polykv_agents.model.loading import load_model
+from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.registry import POOL_REGISTRY, PoolRegistry
+from polykv_agents.pool.store import PoolStore
 
 if TYPE_CHECKING:
     from polykv_agents.distributed import RayCluster

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from polykv_agents.architecture import check_fits_sliding_window
-from polykv_agents.prompts import Message, has_chat_template, render_messages
+from polykv_agents.model.architecture import check_fits_sliding_window
+from polykv_agents.prompting.chat_template import Message, has_chat_template, render_messages
 
 Document = str | bytes | Sequence[Message]
 
@@ -65,7 +65,7 @@ def tokenize_document(
 
     Raises:
         ValueError: empty, undecodable, longer than the model's positions, or longer than its
-            sliding window (see :mod:`polykv_agents.architecture`).
+            sliding window (see :mod:`polykv_agents.model.architecture`).
     """
     if isinstance(document, (str, bytes)):
         text, messages, add_special = document_text(document), None, True

@@ -17,8 +17,8 @@ import typer
 from rich.panel import Panel
 from rich.table import Table
 
-from polykv_agents.bench_cli import bench_app
-from polykv_agents.cli_support import (
+from polykv_agents.cli.bench import bench_app
+from polykv_agents.cli.support import (
     ModelOpt,
     clean_errors,
     err,
@@ -76,7 +76,7 @@ def demo(
 ) -> None:
     """Build one compressed pool from a document and let three agent roles answer from it."""
     from polykv_agents.agent import PooledAgent
-    from polykv_agents.pool import SharedKVPool
+    from polykv_agents.pool.shared_pool import SharedKVPool
 
     if document is None:
         text = resources.files("polykv_agents").joinpath("data/sample_document.md").read_text(encoding="utf-8")

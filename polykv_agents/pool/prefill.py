@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from polykv_agents.compat import forward_with_cache, new_dynamic_cache
+from polykv_agents.model.compat import forward_with_cache, new_dynamic_cache
 
 DEFAULT_CHUNK_SIZE = 512
 """Tokens per forward pass during prefill."""

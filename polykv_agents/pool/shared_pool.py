@@ -2,7 +2,7 @@
 
 Data flow of :meth:`SharedKVPool.prefill`:
   document (text, or chat messages rendered with the chat template) -> token ids ``[T]``
-  -> chunked model forward into a ``DynamicCache`` (:mod:`polykv_agents.prefill`)
+  -> chunked model forward into a ``DynamicCache`` (:mod:`polykv_agents.pool.prefill`)
   -> per layer: keys ``[1, kv_heads, T, head_dim]`` through the key codec, values through the
      value codec -> one immutable pool of :class:`EncodedLayer` records.
 
@@ -24,15 +24,15 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
-from polykv_agents.architecture import check_causal_lm
 from polykv_agents.codecs import EncodedTensor, build_codec, decode
-from polykv_agents.compat import cache_from_key_values, layer_key_values
 from polykv_agents.config import CompressionConfig, compression_config
-from polykv_agents.documents import Document, tokenize_document
-from polykv_agents.fingerprint import ModelFingerprint, check_same_model, model_fingerprint
-from polykv_agents.memory import MemoryReport
-from polykv_agents.prefill import DEFAULT_CHUNK_SIZE, prefill_cache
-from polykv_agents.prompts import Message
+from polykv_agents.model.architecture import check_causal_lm
+from polykv_agents.model.compat import cache_from_key_values, layer_key_values
+from polykv_agents.model.fingerprint import ModelFingerprint, check_same_model, model_fingerprint
+from polykv_agents.pool.documents import Document, tokenize_document
+from polykv_agents.pool.memory import MemoryReport
+from polykv_agents.pool.prefill import DEFAULT_CHUNK_SIZE, prefill_cache
+from polykv_agents.prompting.chat_template import Message
 
 logger = logging.getLogger(__name__)
 

@@ -6,14 +6,14 @@ Two ways, chosen once per chat template (:func:`template_renders_tools`):
   (Hermes ``<tool_call>`` blocks, the format Qwen- and Hermes-style templates use; the tests use a template
   of that form written for them, ``tests/tiny_models.HERMES_TOOLS_TEMPLATE``). The model
   then sees its tools, its earlier calls and their results in the words it was trained on. Over a pool,
-  the tools go into the call's own first system turn (:func:`polykv_agents.prompts.render_continuation`),
-  never in front of the shared prefix.
+  the tools go into the call's own first system turn, never in front of the shared prefix
+  (:func:`polykv_agents.prompting.chat_template.render_continuation`).
 - **The documented prompt format** otherwise (SmolLM2's template, which has no tool support; templates that
-  ask for another call format, such as Llama 3.1's): :func:`polykv_agents.tools.tools_prompt` as a system
+  ask for another call format, such as Llama 3.1's): :func:`polykv_agents.prompting.tool_calls.tools_prompt` as a system
   message at the start of the call's turns, earlier calls written into the assistant's text as
   ``<tool_call>{...}</tool_call>`` blocks, results as ``tool`` turns.
 
-Data flow: chat-template turns (:func:`polykv_agents.messages.to_chat_messages`) + the bound tools
+Data flow: chat-template turns (:func:`polykv_agents.chat.messages.to_chat_messages`) + the bound tools
 -> :func:`prepare_turns` -> (turns to render, tools for the template or ``None``) -> the prompt renderers.
 """
 
@@ -27,8 +27,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from polykv_agents.prompts import Message, has_chat_template, render_continuation, render_messages
-from polykv_agents.tools import CALL_OPEN, render_tool_calls
+from polykv_agents.prompting.chat_template import Message, has_chat_template, render_continuation, render_messages
+from polykv_agents.prompting.tool_calls import CALL_OPEN, render_tool_calls
 
 TOOLS_SYSTEM_PROMPT = "You can call tools."
 """The system turn a call's tools are written into when its own turns start without one (template tool support)."""
@@ -41,7 +41,7 @@ class ToolsShown:
     specs: tuple[Mapping[str, Any], ...]
     """OpenAI function specs, for the template's own tool support."""
     prompt: str
-    """The same tools in the documented prompt format (:func:`polykv_agents.tools.tools_prompt`)."""
+    """The same tools in the documented prompt format (:func:`polykv_agents.prompting.tool_calls.tools_prompt`)."""
 
 
 _PROBE_NAME = "polykv_probe_tool"
