@@ -21,15 +21,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for `graphs`
 
 from graphs.role_swarm import build_graph, role_messages
-from polykv_agents.chat.chat_model import ChatPolyKV
+from polykv_agents import ChatPolyKV, default_engine
 from polykv_agents.graph.prefetch import PrefetchDocument
-from polykv_agents.pool.registry import POOL_REGISTRY
 
 QUESTION = "Who should act first on the problems the document describes?"
 
 
 async def run(roles: list[str], max_tokens: int, document: str, question: str) -> dict:
-    builds_before = POOL_REGISTRY.build_count
+    builds_before = default_engine().pools.build_count
     prefetch = PrefetchDocument(ChatPolyKV(max_tokens=max_tokens))
     state = {"document": document}
     state |= await asyncio.to_thread(prefetch, state)  # {"pool": PoolHandle}
@@ -44,7 +43,7 @@ async def run(roles: list[str], max_tokens: int, document: str, question: str) -
     for answer in result["answers"]:
         print(f"[ainvoke/{answer['role']}] (cache_read={answer['cache_read']}) {answer['text'].strip()}")
     print(f"[ainvoke/aggregate] {result['answer'].strip()}")
-    builds = POOL_REGISTRY.build_count - builds_before
+    builds = default_engine().pools.build_count - builds_before
     print(f"pools built: {builds} (the graph reused the pool the batch built)")
     return {"batch": {role: reply.text for role, reply in zip(roles, replies, strict=True)}, "graph": result}
 

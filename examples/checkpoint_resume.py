@@ -30,8 +30,8 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for `graphs`
 
 from graphs.document_review import build_graph
+from polykv_agents import default_engine
 from polykv_agents.pool.handle import PoolHandle
-from polykv_agents.pool.registry import POOL_REGISTRY
 from polykv_agents.pool.store import PoolStore
 
 INTERRUPT_BEFORE = ["critic"]
@@ -103,11 +103,11 @@ def main(
         conn.close()
 
     handle = PoolHandle.model_validate(next(iter(results.values()))["pool"])
-    builds = POOL_REGISTRY.builds_by_digest.get(handle.digest, 0)
-    source = "prefill" if builds else ("store" if handle.digest in POOL_REGISTRY else "not-needed")
+    builds = default_engine().pools.builds_by_digest.get(handle.digest, 0)
+    source = "prefill" if builds else ("store" if handle.digest in default_engine().pools else "not-needed")
     report("POOL_DIGEST", handle.digest)
     report("POOL_TOKENS", handle.num_tokens)
-    report("POOL_BUILDS", POOL_REGISTRY.build_count)
+    report("POOL_BUILDS", default_engine().pools.build_count)
     report("POOL_SOURCE", source)
     report("POOL_IN_STORE", int(handle.digest in PoolStore(store)))
     report("DONE", phase)

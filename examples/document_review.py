@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for `graphs`
 
 from graphs.document_review import DEFAULT_ROLES, build_graph
-from polykv_agents.pool.registry import POOL_REGISTRY
+from polykv_agents import default_engine
 
 
 def sample_document() -> str:
@@ -30,7 +30,7 @@ def sample_document() -> str:
 def main(document: str | None = None, roles: list[str] | None = None, max_tokens: int = 96) -> dict:
     """Review ``document`` (default: the bundled sample) with ``roles``; return the final state."""
     review = build_graph(max_tokens=max_tokens)
-    builds_before = POOL_REGISTRY.build_count
+    builds_before = default_engine().pools.build_count
     started = time.perf_counter()
     state = review.invoke({"document": document or sample_document(), "roles": list(roles or DEFAULT_ROLES)})
     seconds = time.perf_counter() - started
@@ -43,7 +43,7 @@ def main(document: str | None = None, roles: list[str] | None = None, max_tokens
         print(f"\n[{finding['role']}] (cache_read={finding['cache_read']})\n{finding['text'].strip()}")
     print(f"\n[critique]\n{state['critique'].strip()}")
     print(f"\n[summary]\n{state['summary'].strip()}")
-    builds = POOL_REGISTRY.build_count - builds_before
+    builds = default_engine().pools.build_count - builds_before
     print(f"\npools built in this run: {builds}; {len(state['messages'])} model calls; {seconds:.1f} s")
     return state
 

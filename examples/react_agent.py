@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from graphs.document_agent import MAX_MODEL_CALLS, build_graph
-from polykv_agents.pool.registry import POOL_REGISTRY
+from polykv_agents import default_engine
 
 DEFAULT_QUESTION = "What does the review say about drought?"
 
@@ -55,7 +55,7 @@ def main(
 ) -> dict:
     """Ask the agent ``question`` about ``document`` (default: the bundled sample); return the final state."""
     agent = build_graph(max_tokens=max_tokens, max_model_calls=max_model_calls)
-    builds_before = POOL_REGISTRY.build_count
+    builds_before = default_engine().pools.build_count
     started = time.perf_counter()
     state = agent.invoke({"messages": [HumanMessage(question)], "document": document or sample_document()})
     seconds = time.perf_counter() - started
@@ -65,7 +65,7 @@ def main(
     for message in state["messages"]:
         print(describe(message))
     model_calls = sum(isinstance(m, AIMessage) and m.usage_metadata is not None for m in state["messages"])
-    builds = POOL_REGISTRY.build_count - builds_before
+    builds = default_engine().pools.build_count - builds_before
     print(f"\npools built in this run: {builds}; {model_calls} model calls; {seconds:.1f} s")
     return state
 

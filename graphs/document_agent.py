@@ -34,6 +34,7 @@ from langgraph.types import Checkpointer
 from pydantic import Field
 
 from polykv_agents.chat.chat_model import ChatPolyKV
+from polykv_agents.engine import Engine
 from polykv_agents.graph.middleware import DocumentPoolMiddleware, ToolFirstMiddleware
 from polykv_agents.graph.workflow import role_chat_model
 from polykv_agents.pool.store import PoolStore
@@ -99,6 +100,7 @@ def build_graph(
     store: PoolStore | str | Path | None = None,
     checkpointer: Checkpointer = None,
     name: str = "document_agent",
+    engine: Engine | None = None,
 ) -> CompiledStateGraph:
     """The compiled agent. Nothing is loaded until the first run.
 
@@ -110,8 +112,11 @@ def build_graph(
         store: Where pools are saved by digest (see :class:`polykv_agents.graph.prefetch.PrefetchDocument`).
         checkpointer: A LangGraph checkpointer for threads.
         name: The compiled graph's name.
+        engine: The :class:`polykv_agents.Engine` that holds models, pools and schedulers (``None``: ``chat``'s).
     """
     chat = role_chat_model(chat, max_tokens, default_max_tokens=DEFAULT_MAX_TOKENS)
+    if engine is not None:
+        chat = chat.model_copy(update={"engine": engine})
     middleware = [DocumentPoolMiddleware(chat, store=store)]
     if tool_first:
         middleware.append(ToolFirstMiddleware())

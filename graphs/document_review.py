@@ -37,6 +37,7 @@ from langgraph.types import Checkpointer, Send
 from typing_extensions import NotRequired, TypedDict
 
 from polykv_agents.chat.chat_model import ChatPolyKV
+from polykv_agents.engine import Engine
 from polykv_agents.graph.prefetch import PrefetchDocument
 from polykv_agents.graph.workflow import (
     MAX_ROLES,
@@ -233,8 +234,9 @@ def build_graph(
     checkpointer: Checkpointer = None,
     max_tokens: int | None = None,
     name: str = "document_review",
-    share_pool: bool = True,
     cluster: RayCluster | None = None,
+    engine: Engine | None = None,
+    prefetch: PrefetchDocument | None = None,
 ) -> CompiledStateGraph:
     """The compiled document-review graph. Nothing is loaded until the first run.
 
@@ -245,17 +247,19 @@ def build_graph(
         checkpointer: A LangGraph checkpointer (e.g. ``InMemorySaver``, ``SqliteSaver``) for threads.
         max_tokens: Tokens per answer; overrides ``chat.max_tokens`` when given.
         name: The compiled graph's name.
-        share_pool: ``False`` builds the baseline benchmarks compare with: no pool, every call prefills
-            the document again.
         cluster: A :class:`polykv_agents.distributed.RayCluster`: the pool is built on one of its nodes and every
             role call runs on its workers, one model replica per node (``None``: all in this process).
+        engine: The :class:`polykv_agents.Engine` that holds models, pools and schedulers (``None``: the default).
+        prefetch: A prefetch node to use instead of one made from the arguments above, e.g. the no-pool
+            baseline benchmarks compare with (:class:`polykv_agents.bench.baselines.ReprefillDocument`).
     """
-    prefetch = PrefetchDocument(
-        role_chat_model(chat, max_tokens, default_max_tokens=DEFAULT_MAX_TOKENS, cluster=cluster),
-        store=store,
-        share_pool=share_pool,
-        cluster=cluster,
-    )
+    if prefetch is None:
+        prefetch = PrefetchDocument(
+            role_chat_model(chat, max_tokens, default_max_tokens=DEFAULT_MAX_TOKENS, cluster=cluster),
+            store=store,
+            cluster=cluster,
+            engine=engine,
+        )
 
     def planner(state: State) -> dict[str, Any]:
         roles = state["roles"]

@@ -31,6 +31,7 @@ from langgraph.types import Checkpointer, Send
 from typing_extensions import NotRequired, TypedDict
 
 from polykv_agents.chat.chat_model import ChatPolyKV
+from polykv_agents.engine import Engine
 from polykv_agents.graph.prefetch import PrefetchDocument
 from polykv_agents.graph.workflow import (
     MAX_ROLES,
@@ -159,6 +160,7 @@ def build_graph(
     max_tokens: int | None = None,
     name: str = "role_swarm",
     cluster: RayCluster | None = None,
+    engine: Engine | None = None,
 ) -> CompiledStateGraph:
     """The compiled role-swarm graph. Nothing is loaded until the first run.
 
@@ -171,11 +173,13 @@ def build_graph(
         name: The compiled graph's name.
         cluster: A :class:`polykv_agents.distributed.RayCluster`: the pool is built on one of its nodes and every
             role call runs on its workers, one model replica per node (``None``: all in this process).
+        engine: The :class:`polykv_agents.Engine` that holds models, pools and schedulers (``None``: the default).
     """
     prefetch = PrefetchDocument(
         role_chat_model(chat, max_tokens, default_max_tokens=DEFAULT_MAX_TOKENS, cluster=cluster),
         store=store,
         cluster=cluster,
+        engine=engine,
     )
 
     def role_answer(task: RoleTask) -> dict[str, Any]:

@@ -1,29 +1,40 @@
 """polykv_agents: many LLM agents over one document, paying for its KV cache once, compressed.
 
 Prefill a document once into a :class:`SharedKVPool` (int8 keys, 3-bit TurboQuant values), then
-let any number of :class:`PooledAgent` s answer from it without re-reading the document.
+let any number of :class:`PooledAgent` s, or :class:`ChatPolyKV` calls in LangChain and LangGraph,
+answer from it without re-reading the document. An :class:`Engine` holds the models, pools and
+schedulers they share (one process-wide default, or engines of your own). Where each part lives:
+docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations
 
 from polykv_agents.agent import PooledAgent
+from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.config import CodecConfig, CompressionConfig
+from polykv_agents.engine import Engine, default_engine, load_model
+from polykv_agents.graph.prefetch import PrefetchDocument
 from polykv_agents.model.fingerprint import ModelFingerprint
-from polykv_agents.model.loading import DEFAULT_MODEL, ModelNotFoundError, load_model
-from polykv_agents.pool.memory import MemoryReport
-from polykv_agents.pool.shared_pool import SharedKVPool
+from polykv_agents.model.loading import DEFAULT_MODEL, ModelNotFoundError
+from polykv_agents.pool import MemoryReport, PoolHandle, PoolStore, SharedKVPool
 from polykv_agents.sampling.settings import GenerationSettings
 
 __all__ = [
     "DEFAULT_MODEL",
+    "ChatPolyKV",
     "CodecConfig",
     "CompressionConfig",
+    "Engine",
     "GenerationSettings",
     "MemoryReport",
     "ModelFingerprint",
     "ModelNotFoundError",
+    "PoolHandle",
+    "PoolStore",
     "PooledAgent",
+    "PrefetchDocument",
     "SharedKVPool",
+    "default_engine",
     "load_model",
 ]
 

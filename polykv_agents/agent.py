@@ -13,11 +13,14 @@ from collections.abc import Iterator, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from polykv_agents.engine import Engine, default_engine
 from polykv_agents.model.architecture import check_causal_lm
 from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.prompting.chat_template import agent_turns
 from polykv_agents.prompting.encode import encode_prompt
-from polykv_agents.runtime.decoding import Runtime, generate_text, generate_token_ids
+from polykv_agents.runtime.backend import Runtime, check_runtime
+from polykv_agents.runtime.generate import generate_text, generate_token_ids
+from polykv_agents.runtime.request import DecodeRequest
 from polykv_agents.sampling.settings import GenerationSettings
 
 logger = logging.getLogger(__name__)
@@ -35,6 +38,7 @@ class PooledAgent:
         runtime: ``decompressed`` (default) or ``compressed``: concurrent calls over this pool are
             batched over one shared prefix, kept decoded or decoded per layer on the fly;
             ``private``: the reference design, one decoded copy of the pool per call.
+        engine: Where the batch schedulers live; ``None``: the process-wide default engine.
     """
 
     def __init__(
@@ -46,6 +50,7 @@ class PooledAgent:
         system_prompt: str | None = None,
         name: str | None = None,
         runtime: Runtime = "decompressed",
+        engine: Engine | None = None,
     ) -> None:
         check_causal_lm(model)
         pool.check_compatible(model, tokenizer)
@@ -54,7 +59,8 @@ class PooledAgent:
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
         self.name = name or "agent"
-        self.runtime: Runtime = runtime
+        self.runtime: Runtime = check_runtime(runtime)
+        self.engine = engine if engine is not None else default_engine()
 
     def __repr__(self) -> str:
         return f"PooledAgent(name={self.name!r}, pool={self.pool.digest[:12]})"
@@ -71,14 +77,7 @@ class PooledAgent:
     def generate_ids(self, question: str, settings: GenerationSettings | None = None) -> Iterator[int]:
         """Generated token ids, one at a time (EOS excluded). Stop sequences are applied on text,
         by :meth:`stream`/:meth:`generate`, not here."""
-        return generate_token_ids(
-            self.model,
-            self.tokenizer,
-            self.prompt_ids(question),
-            settings or GenerationSettings(),
-            pool=self.pool,
-            runtime=self.runtime,
-        )
+        return generate_token_ids(self._request(question, settings or GenerationSettings()), self._backend())
 
     def stream(
         self,
@@ -103,9 +102,13 @@ class PooledAgent:
         settings = GenerationSettings(
             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop
         )
-        return generate_text(
-            self.model, self.tokenizer, self.prompt_ids(question), settings, pool=self.pool, runtime=self.runtime
-        )
+        return generate_text(self._request(question, settings), self._backend())
+
+    def _request(self, question: str, settings: GenerationSettings) -> DecodeRequest:
+        return DecodeRequest(self.model, self.tokenizer, self.prompt_ids(question), settings, pool=self.pool)
+
+    def _backend(self):
+        return self.engine.backend(self.runtime)
 
     def generate(self, question: str, **kwargs) -> str:
         """The whole answer; same arguments as :meth:`stream`."""

@@ -3,76 +3,272 @@
 Every experiment in this project (the paper's setting, ablations, presets) is a
 :class:`CompressionConfig`; codecs are built from it and pools record it, so a pool always says
 how it was made.
+
+Each codec has a config class of its own (:class:`IntCodecConfig`, :class:`TurboQuantCodecConfig`,
+:class:`FullPrecisionCodecConfig`) that owns its fields, its supported and default bit widths, its
+label and how to build its codec. :data:`AnyCodecConfig`, a union discriminated by ``method``, is the
+one registration point: ``CompressionConfig.keys``/``values``, :func:`~polykv_agents.codecs.decode`
+and the command-line help all read it. Calling the shared base class, ``CodecConfig(method="int",
+bits=8)``, validates into the matching class.
+
+Pool digests hash ``CompressionConfig.model_dump()``; to keep the digests of pools built before the
+per-codec classes existed, the three original classes dump in the one-record layout of that time
+(every codec record carries ``method, bits, granularity, rotation, random_signs``, the fields of other
+codecs at their inert defaults), and exactly such a record is read back.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
-CodecMethod = Literal["int", "turboquant", "none"]
-KeyGranularity = Literal["tensor", "channel", "token"]
+if TYPE_CHECKING:
+    from polykv_agents.codecs.dispatch import TensorCodec
 
-# Bit widths each method supports. int: linear, symmetric; turboquant: Lloyd–Max codebooks of N(0,1).
-SUPPORTED_BITS: dict[str, tuple[int, ...]] = {
-    "int": (2, 3, 4, 5, 6, 7, 8),
-    "turboquant": (2, 3, 4),
-    "none": (16,),
-}
-DEFAULT_BITS: dict[str, int] = {"int": 8, "turboquant": 3}
+SEED_MAX = 2**63 - 2
+"""Largest :attr:`CompressionConfig.seed`: values use ``seed + 1`` and rotation seeds must be below 2**63."""
+
+# The record layout every codec config dumped in before the per-codec classes (pool format 1).
+_SHARED_LAYOUT = ("method", "bits", "granularity", "rotation", "random_signs")
 
 
-class CodecConfig(BaseModel):
-    """How one kind of tensor (keys or values) is stored."""
+class _CodecConfigMeta(type(BaseModel)):  # type: ignore[misc]
+    """Lets the shared base class be called like the flat config it replaced."""
+
+    def __call__(cls, *args: Any, **fields: Any) -> Any:
+        if cls is CodecConfig:  # choose the codec's own class by `method`
+            return _CODEC_CONFIG_ADAPTER.validate_python(fields)
+        return super().__call__(*args, **fields)
+
+
+class CodecConfig(BaseModel, metaclass=_CodecConfigMeta):
+    """How one kind of tensor (keys or values) is stored: the base of every codec's config class.
+
+    ``CodecConfig(method="int", bits=8)`` returns an :class:`IntCodecConfig`; each subclass is also
+    constructed directly (``TurboQuantCodecConfig(bits=4)``). A subclass defines ``method`` (a
+    one-value ``Literal``, the codec's name), ``bits`` (default: the codec's default width), its own
+    fields, :attr:`supported_bits`, :meth:`label` and :meth:`codec_class`; :meth:`build` passes the
+    fields to the codec's constructor.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    method: CodecMethod
-    """``int``: linear integer quantisation with shared scales; ``turboquant``: normalise, rotate,
-    Lloyd–Max codebook; ``none``: stored as the model produced it (full precision)."""
+    supported_bits: ClassVar[tuple[int, ...]] = ()
+    """Bit widths the codec can store."""
 
-    bits: int = 8
-    """Bits per stored coordinate. Default 8 for ``int``, 3 for ``turboquant``; always 16 for ``none``."""
+    shared_layout_fillers: ClassVar[Mapping[str, object]] = MappingProxyType({})
+    """Fields of other codecs this one dumps at their inert defaults (format-1 layout, stable digests)."""
 
-    granularity: KeyGranularity = "channel"
-    """``int`` only: which elements share one scale. ``tensor``: one per layer tensor (the paper);
-    ``channel``: one per (head, channel) over all tokens; ``token``: one per (token, head) vector."""
+    method: str
+    bits: int
 
-    rotation: bool = True
-    """``turboquant`` only: rotate before quantising so coordinates are near-Gaussian."""
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> CodecConfig:
+        """Like pydantic's; on :class:`CodecConfig` itself it validates into the class ``method`` names."""
+        if cls is CodecConfig:
+            return _CODEC_CONFIG_ADAPTER.validate_python(obj, **kwargs)
+        return super().model_validate(obj, **kwargs)
 
-    random_signs: bool = True
-    """``turboquant`` only: randomise the Hadamard rotation with seeded ±1 signs. Without them a
-    channel offset shared by all vectors lands on one coordinate and is clipped."""
+    @classmethod
+    def model_validate_json(cls, json_data: str | bytes | bytearray, **kwargs: Any) -> CodecConfig:
+        """Like pydantic's; on :class:`CodecConfig` itself it validates into the class ``method`` names."""
+        if cls is CodecConfig:
+            return _CODEC_CONFIG_ADAPTER.validate_json(json_data, **kwargs)
+        return super().model_validate_json(json_data, **kwargs)
+
+    @classmethod
+    def method_name(cls) -> str:
+        """The value of ``method`` that selects this class."""
+        return cls.model_fields["method"].default
+
+    @classmethod
+    def default_bits(cls) -> int:
+        return cls.model_fields["bits"].default
+
+    @classmethod
+    def codec_class(cls) -> type[TensorCodec]:
+        """The codec this config builds (imported on first use: the codecs import this module)."""
+        raise NotImplementedError
+
+    def codec_kwargs(self, seed: int) -> dict[str, Any]:
+        """Constructor arguments of :meth:`codec_class`; default: every field but ``method``."""
+        return {name: getattr(self, name) for name in type(self).model_fields if name != "method"}
+
+    def build(self, seed: int = 0) -> TensorCodec:
+        """The codec this config describes; ``seed`` drives any randomness it has (rotation signs)."""
+        return self.codec_class()(**self.codec_kwargs(seed))
+
+    def label(self) -> str:
+        """A short human-readable name, e.g. ``int8/channel`` or ``tq3``."""
+        raise NotImplementedError
+
+    @classmethod
+    def describe(cls) -> str:
+        """One line for command-line help, e.g. ``int (bits 2-8, default 8; granularity: tensor, channel, token)``."""
+        bits = cls.supported_bits
+        parts = [f"bits {bits[0]}" if len(bits) == 1 else f"bits {bits[0]}-{bits[-1]}, default {cls.default_bits()}"]
+        for name, field in cls.model_fields.items():
+            choices = get_args(field.annotation)
+            if name not in ("method", "bits") and choices:
+                parts.append(f"{name}: {', '.join(map(str, choices))}")
+        return f"{cls.method_name()} ({'; '.join(parts)})"
 
     @model_validator(mode="before")
     @classmethod
-    def _default_bits_per_method(cls, data: object) -> object:
-        if isinstance(data, dict):
-            method = data.get("method")
-            if method == "none":
-                return {**data, "bits": 16}
-            if "bits" not in data and method in DEFAULT_BITS:
-                return {**data, "bits": DEFAULT_BITS[method]}
+    def _fields_of_other_codecs(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if set(data) == set(_SHARED_LAYOUT):  # a record in the format-1 layout: drop its inert fillers
+            data = {k: v for k, v in data.items() if cls.shared_layout_fillers.get(k, object()) != v}
+        method = cls.method_name()
+        for name in data:
+            owners = [c.method_name() for c in CODEC_CONFIGS if name in c.model_fields]
+            if name not in cls.model_fields and owners:
+                msg = (
+                    f"{name}={data[name]!r} does not apply to method={method!r}, only to method "
+                    f"{' or '.join(map(repr, owners))}; remove {name}, or choose that method"
+                )
+                raise ValueError(msg)
         return data
 
     @model_validator(mode="after")
     def _check_bits(self) -> CodecConfig:
-        allowed = SUPPORTED_BITS[self.method]
-        if self.bits not in allowed:
-            msg = f"bits={self.bits} is not supported for method={self.method!r}; choose one of {list(allowed)}."
+        if self.bits not in self.supported_bits:
+            msg = (
+                f"bits={self.bits} is not supported for method={self.method!r}; "
+                f"choose one of {list(self.supported_bits)}."
+            )
             raise ValueError(msg)
         return self
 
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if not self.shared_layout_fillers:
+            return data
+        merged = {**self.shared_layout_fillers, **data}
+        return {name: merged[name] for name in _SHARED_LAYOUT if name in merged}
+
+
+class IntCodecConfig(CodecConfig):
+    """Linear integer quantisation with shared absmax scales; builds an ``IntLinearCodec``."""
+
+    supported_bits: ClassVar[tuple[int, ...]] = (2, 3, 4, 5, 6, 7, 8)  # symmetric, one sign bit
+    shared_layout_fillers: ClassVar[Mapping[str, object]] = MappingProxyType({"rotation": True, "random_signs": True})
+
+    method: Literal["int"] = "int"
+    bits: int = 8
+    """Bits per stored coordinate."""
+
+    granularity: Literal["tensor", "channel", "token"] = "channel"
+    """Which elements share one scale. ``tensor``: one per layer tensor (the paper); ``channel``: one
+    per (head, channel) over all tokens; ``token``: one per (token, head) vector."""
+
+    @classmethod
+    def codec_class(cls) -> type[TensorCodec]:
+        from polykv_agents.codecs.int_linear import IntLinearCodec
+
+        return IntLinearCodec
+
     def label(self) -> str:
-        """A short human-readable name, e.g. ``int8/channel`` or ``tq3``."""
-        if self.method == "none":
-            return "full"
-        if self.method == "int":
-            return f"int{self.bits}/{self.granularity}"
+        return f"int{self.bits}/{self.granularity}"
+
+
+class TurboQuantCodecConfig(CodecConfig):
+    """Normalise, rotate, Lloyd–Max codebook of N(0, 1); builds a ``TurboQuantCodec``."""
+
+    supported_bits: ClassVar[tuple[int, ...]] = (2, 3, 4)  # Lloyd–Max codebooks computed for these
+    shared_layout_fillers: ClassVar[Mapping[str, object]] = MappingProxyType({"granularity": "channel"})
+
+    method: Literal["turboquant"] = "turboquant"
+    bits: int = 3
+    """Bits per stored coordinate."""
+
+    rotation: bool = True
+    """Rotate before quantising so coordinates are near-Gaussian."""
+
+    random_signs: bool = True
+    """Randomise the Hadamard rotation with seeded ±1 signs. Without them a channel offset shared by
+    all vectors lands on one coordinate and is clipped."""
+
+    @classmethod
+    def codec_class(cls) -> type[TensorCodec]:
+        from polykv_agents.codecs.turboquant import TurboQuantCodec
+
+        return TurboQuantCodec
+
+    def codec_kwargs(self, seed: int) -> dict[str, Any]:
+        return {**super().codec_kwargs(seed), "seed": seed}
+
+    def label(self) -> str:
         suffix = "" if self.rotation and self.random_signs else ("-norot" if not self.rotation else "-nosigns")
         return f"tq{self.bits}{suffix}"
+
+
+class FullPrecisionCodecConfig(CodecConfig):
+    """Stored as the model produced it; builds a ``FullPrecisionCodec``."""
+
+    supported_bits: ClassVar[tuple[int, ...]] = (16,)
+    shared_layout_fillers: ClassVar[Mapping[str, object]] = MappingProxyType(
+        {"granularity": "channel", "rotation": True, "random_signs": True}
+    )
+
+    method: Literal["none"] = "none"
+    bits: int = 16
+    """Always 16: reported for tables; the tensors keep the model's dtype."""
+
+    @classmethod
+    def codec_class(cls) -> type[TensorCodec]:
+        from polykv_agents.codecs.full_precision import FullPrecisionCodec
+
+        return FullPrecisionCodec
+
+    def codec_kwargs(self, seed: int) -> dict[str, Any]:
+        return {}
+
+    def label(self) -> str:
+        return "full"
+
+
+# The registry of codecs: a new codec adds its config class here (and its codec module).
+AnyCodecConfig = Annotated[
+    IntCodecConfig | TurboQuantCodecConfig | FullPrecisionCodecConfig, Field(discriminator="method")
+]
+"""Any codec's config, chosen by ``method``: the type of ``CompressionConfig.keys`` and ``values``."""
+
+CODEC_CONFIGS: tuple[type[CodecConfig], ...] = get_args(get_args(AnyCodecConfig)[0])
+"""Every codec config class, in registration order."""
+
+CODEC_METHODS: tuple[str, ...] = tuple(c.method_name() for c in CODEC_CONFIGS)
+"""Every codec's ``method`` name."""
+
+_CODEC_CONFIG_ADAPTER: TypeAdapter[CodecConfig] = TypeAdapter(AnyCodecConfig, config=ConfigDict(title="CodecConfig"))
+
+
+def codec_config_class(method: str) -> type[CodecConfig]:
+    """The config class whose ``method`` is ``method``."""
+    for config_class in CODEC_CONFIGS:
+        if config_class.method_name() == method:
+            return config_class
+    msg = f"unknown codec method {method!r}; choose one of {', '.join(CODEC_METHODS)}"
+    raise ValueError(msg)
+
+
+def describe_codecs() -> str:
+    """Every codec with its bit widths and options, for command-line help."""
+    return "; ".join(c.describe() for c in CODEC_CONFIGS)
 
 
 class CompressionConfig(BaseModel):
@@ -80,29 +276,38 @@ class CompressionConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    keys: CodecConfig = Field(default_factory=lambda: CodecConfig(method="int", bits=8, granularity="channel"))
+    keys: AnyCodecConfig = Field(default_factory=lambda: IntCodecConfig(bits=8, granularity="channel"))
     """Key codec. Default int8 with one scale per (head, channel): measured best among int8
     granularities on SmolLM2-135M (see docs/RESULTS.md)."""
 
-    values: CodecConfig = Field(default_factory=lambda: CodecConfig(method="turboquant", bits=3))
+    values: AnyCodecConfig = Field(default_factory=lambda: TurboQuantCodecConfig(bits=3))
     """Value codec. Default 3-bit TurboQuant-MSE."""
 
-    seed: int = Field(default=0, ge=0)
-    """Seed of the random rotation signs. Stored in the pool, never the rotation matrix itself."""
+    seed: int = 0
+    """Seed of the random rotation signs (keys use ``seed``, values ``seed + 1``), in ``0 ..``
+    :data:`SEED_MAX`. Stored in the pool, never the rotation matrix itself."""
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_in_range(cls, seed: int) -> int:
+        if not 0 <= seed <= SEED_MAX:
+            msg = (
+                f"seed={seed} is out of range; choose a seed in 0..2**63 - 2 (values are rotated with "
+                "seed + 1, and rotation seeds must be below 2**63)"
+            )
+            raise ValueError(msg)
+        return seed
 
     @classmethod
     def paper(cls) -> CompressionConfig:
         """The PolyKV paper's setting: int8 keys with one scale per tensor, 3-bit TurboQuant values."""
-        return cls(
-            keys=CodecConfig(method="int", bits=8, granularity="tensor"),
-            values=CodecConfig(method="turboquant", bits=3),
-        )
+        return cls(keys=IntCodecConfig(bits=8, granularity="tensor"), values=TurboQuantCodecConfig(bits=3))
 
     @classmethod
     def max_compression(cls) -> CompressionConfig:
         """The ``max`` preset: 4-bit TurboQuant keys and 3-bit TurboQuant values, the smallest pool the
         ablation found within +1% perplexity at 2K and 4K tokens (benchmarks/results/ablation.json)."""
-        return cls(keys=CodecConfig(method="turboquant", bits=4), values=CodecConfig(method="turboquant", bits=3))
+        return cls(keys=TurboQuantCodecConfig(bits=4), values=TurboQuantCodecConfig(bits=3))
 
     @classmethod
     def preset(cls, name: str) -> CompressionConfig:
@@ -117,25 +322,31 @@ class CompressionConfig(BaseModel):
     @classmethod
     def full_precision(cls) -> CompressionConfig:
         """No compression: the pool holds the model's own KV tensors (for exactness checks and baselines)."""
-        return cls(keys=CodecConfig(method="none"), values=CodecConfig(method="none"))
+        return cls(keys=FullPrecisionCodecConfig(), values=FullPrecisionCodecConfig())
 
     @classmethod
     def from_options(
         cls,
         *,
-        key_method: CodecMethod = "int",
-        key_bits: int = 8,
-        key_granularity: KeyGranularity = "channel",
-        value_method: CodecMethod = "turboquant",
-        value_bits: int = 3,
+        key_method: str = "int",
+        key_bits: int | None = None,
+        key_granularity: str | None = None,
+        value_method: str = "turboquant",
+        value_bits: int | None = None,
         seed: int = 0,
     ) -> CompressionConfig:
-        """Flat constructor for command lines and quick experiments."""
+        """Flat constructor for command lines and quick experiments; ``None`` means the codec's default."""
+        keys: dict[str, Any] = {"method": key_method, "bits": key_bits, "granularity": key_granularity}
+        values: dict[str, Any] = {"method": value_method, "bits": value_bits}
         return cls(
-            keys=CodecConfig(method=key_method, bits=key_bits, granularity=key_granularity),
-            values=CodecConfig(method=value_method, bits=value_bits),
+            keys={k: v for k, v in keys.items() if v is not None},
+            values={k: v for k, v in values.items() if v is not None},
             seed=seed,
         )
+
+    def with_seed(self, seed: int) -> CompressionConfig:
+        """This config with another seed, validated (``model_copy(update=...)`` does not validate)."""
+        return type(self)(keys=self.keys, values=self.values, seed=seed)
 
     def label(self) -> str:
         """E.g. ``K:int8/channel V:tq3``."""

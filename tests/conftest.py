@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -11,10 +10,6 @@ from pathlib import Path
 # services to the address this setting makes it pick), and Ray sends no usage statistics.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-
-# The Ray tests need the ray extra (part of dev): without it they are left out, rather than failing to import.
-if importlib.util.find_spec("ray") is None:
-    collect_ignore_glob = ["integration/test_distributed.py", "unit/distributed/*"]
 
 import pytest
 import torch

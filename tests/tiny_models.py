@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
+from collections.abc import Sequence
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -115,6 +117,23 @@ def tiny_llama(
     model = LlamaForCausalLM(config).eval()
     model.generation_config.eos_token_id = 2
     return model
+
+
+def tiny_sensitive_llama(*, seed: int = 1) -> LlamaForCausalLM:
+    """:func:`tiny_llama` with large random weights (``initializer_range=0.3``): its greedy answers depend
+    strongly on the prompt, so an answer given to the wrong agent, or decoded from another row's cache, shows.
+    Tests that compare several agents' outputs use it, and check them with :func:`assert_pairwise_distinct`."""
+    return tiny_llama(seed=seed, initializer_range=0.3)
+
+
+def assert_pairwise_distinct(outputs: Sequence) -> None:
+    """Fail unless every two of ``outputs`` differ. Comparing batched outputs with sequential ones only
+    sees rows swapped, mixed or misaligned if the expected outputs are different to begin with."""
+    for i, j in itertools.combinations(range(len(outputs)), 2):
+        assert outputs[i] != outputs[j], (
+            f"expected outputs {i} and {j} are equal ({outputs[i]!r}): the test cannot tell these rows apart; "
+            "use tiny_sensitive_llama() or more different prompts"
+        )
 
 
 SLIDING_WINDOW = 64

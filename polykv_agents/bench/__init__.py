@@ -1,3 +1,3 @@
-"""Benchmarks behind ``polykv-agents bench``: one module per suite (``memory``, ``speed``, ``quality``,
-``ablation``, ``peer``, ``agents``), each returning a :class:`~.output.SuiteResult` of measured rows;
-:mod:`.writers` turns a result into its Markdown table and plots."""
+"""Benchmarks behind ``polykv-agents bench``: every benchmark is a :class:`~.suite.Suite` (a module of its own,
+listed in :mod:`.registry`) with a pydantic options model, ``run``, ``write`` and ``render``; :mod:`.render`
+renders docs/RESULTS.md and the docs' generated sections from the committed results alone."""

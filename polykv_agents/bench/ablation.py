@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pydantic import Field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress, SuiteResult
+from polykv_agents.bench.suite import SuiteOptions, TableSuite, load_model_for
 from polykv_agents.bench.sweep import delta_fields, delta_samples
 from polykv_agents.config import CodecConfig, CompressionConfig
 
@@ -79,7 +81,7 @@ def run_ablation_suite(
 ) -> SuiteResult:
     factors = factors or FACTORS
     runs = [  # (name, config at one of its seeds)
-        (name, config.model_copy(update={"seed": seed}))
+        (name, config.with_seed(seed))
         for name, (_, config) in factors.items()
         for seed in (seeds if seed_dependent(config) else seeds[:1])
     ]
@@ -136,3 +138,32 @@ def _summary(rows: list[dict]) -> dict:
         "max_preset_budget_pct": MAX_PRESET_BUDGET_PCT,
         "ppl_inversion_default": inversion,
     }
+
+
+class AblationOptions(SuiteOptions):
+    contexts: list[int] = Field(default=[2048, 4096], json_schema_extra={"flag": "--context"})
+    """Context length (repeatable)."""
+    documents: int = Field(default=5, ge=1)
+    """Disjoint pydoc_data.topics texts to average over."""
+    seeds: int = Field(default=3, ge=1)
+    """Rotation seeds per seed-dependent config."""
+    model: str | None = None
+    """Local HF model dir or cached id; default: embedded."""
+
+
+def _measure(options: AblationOptions, progress: Progress) -> SuiteResult:
+    from polykv_agents.eval.corpus import pydoc_documents
+
+    texts = pydoc_documents(options.documents)
+    model, tokenizer = load_model_for(options.model)
+    return run_ablation_suite(
+        model, tokenizer, texts, contexts=options.contexts, seeds=list(range(options.seeds)), progress=progress
+    )
+
+
+SUITE = TableSuite(
+    "ablation",
+    "One factor at a time (rotation, signs, key granularity and bits, value bits), seeds and CIs.",
+    AblationOptions,
+    _measure,
+)

@@ -18,16 +18,19 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+from pydantic import Field, FilePath
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.agent import PooledAgent
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress, SuiteResult
 from polykv_agents.bench.rss import PeakRss
+from polykv_agents.bench.suite import SuiteOptions, TableSuite, document_text, load_model_for
 from polykv_agents.config import CompressionConfig
 from polykv_agents.pool.shared_pool import SharedKVPool
+from polykv_agents.runtime.request import DecodeRequest
 from polykv_agents.runtime.scheduler import BatchScheduler
-from polykv_agents.sampling.settings import GenerationSettings, GenerationStats
+from polykv_agents.sampling.settings import GenerationSettings
 
 
 def _separate_caches_nbytes(pool: SharedKVPool, model: PreTrainedModel, n: int, dtype: torch.dtype) -> tuple[int, int]:
@@ -55,8 +58,7 @@ def runtime_peak(
 
     def answer(agent: PooledAgent) -> int:
         prompt = agent.prompt_ids("What does the document say?")
-        stats = GenerationStats(prompt_tokens=prompt.numel(), cached_tokens=pool.num_tokens)
-        return len(list(scheduler.submit(prompt, settings, stats, new_tokens)))
+        return len(list(scheduler.submit(DecodeRequest(model, tokenizer, prompt, settings, pool=pool), new_tokens)))
 
     try:
         with PeakRss() as rss, ThreadPoolExecutor(max_workers=n) as executor:
@@ -128,3 +130,30 @@ def run_memory_suite(
         },
         rows=rows,
     )
+
+
+class MemoryOptions(SuiteOptions):
+    contexts: list[int] = Field(default=[600, 2048, 4096, 7168], json_schema_extra={"flag": "--context"})
+    """Context length (repeatable)."""
+    agents: list[int] = Field(default=[1, 3, 5, 10, 15])
+    """Agent count (repeatable)."""
+    document: FilePath | None = None
+    """UTF-8 text; default: pydoc_data.topics."""
+    model: str | None = None
+    """Local HF model dir or cached id; default: embedded."""
+
+
+def _measure(options: MemoryOptions, progress: Progress) -> SuiteResult:
+    text = document_text(options.document)
+    model, tokenizer = load_model_for(options.model)
+    return run_memory_suite(
+        model, tokenizer, text, contexts=options.contexts, agent_counts=options.agents, progress=progress
+    )
+
+
+SUITE = TableSuite(
+    "memory",
+    "KV bytes and peak RSS for 1..15 agents at 600..7K tokens, ours vs a cache per agent.",
+    MemoryOptions,
+    _measure,
+)

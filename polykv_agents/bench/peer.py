@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from pydantic import Field, FilePath
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.agent import PooledAgent
@@ -29,6 +30,7 @@ from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.memory import runtime_peak
 from polykv_agents.bench.output import Progress, SuiteResult
 from polykv_agents.bench.quality import QUESTIONS, Similarity
+from polykv_agents.bench.suite import SuiteOptions, TableSuite, load_model_for
 from polykv_agents.config import CompressionConfig
 from polykv_agents.eval.agreement import exact_match, token_f1
 from polykv_agents.eval.perplexity import continuation_nll
@@ -201,3 +203,41 @@ def run_peer_suite(
         rows=rows,
         summary={"peer_claimed_ratio": peer["documents"][0]["claimed_ratio"], "examples": examples},
     )
+
+
+class PeerOptions(SuiteOptions):
+    peer_python: FilePath
+    """Python of an environment with polykv-llm==0.1.0."""
+    documents: int = Field(default=3, ge=1)
+    """Disjoint pydoc_data.topics texts to average over."""
+    context_tokens: int = Field(default=2048, ge=16)
+    """Document tokens in the pool."""
+    continuation_tokens: int = Field(default=512, ge=2)
+    """Tokens whose perplexity is measured."""
+    max_new_tokens: int = Field(default=32, ge=1)
+    """Tokens per answer."""
+    agents: int = Field(default=15, ge=1, le=64)
+    """Agents at once for the memory rows."""
+
+
+def _measure(options: PeerOptions, progress: Progress) -> SuiteResult:
+    from polykv_agents.eval.corpus import pydoc_documents
+    from polykv_agents.eval.embeddings import minilm_similarity
+
+    texts = pydoc_documents(options.documents)
+    model, tokenizer = load_model_for(None)  # the peer loads the same embedded GGUF file
+    return run_peer_suite(
+        model, tokenizer, texts, peer_python=str(options.peer_python), context_tokens=options.context_tokens,
+        continuation_tokens=options.continuation_tokens, max_new_tokens=options.max_new_tokens,
+        agents=options.agents, similarity=minilm_similarity(), progress=progress,
+    )  # fmt: skip
+
+
+SUITE = TableSuite(
+    "peer",
+    "Side by side with the reference implementation polykv-llm 0.1.0, run in its own environment.",
+    PeerOptions,
+    _measure,
+    command="polykv-agents bench peer --peer-python PEER_VENV/bin/python",
+    reproduce=(),  # needs a separate environment: benchmarks/run_all.sh runs it when given one
+)

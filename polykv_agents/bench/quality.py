@@ -16,11 +16,13 @@ import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from pydantic import Field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.agent import PooledAgent
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress, SuiteResult
+from polykv_agents.bench.suite import SuiteOptions, TableSuite, load_model_for
 from polykv_agents.bench.sweep import delta_fields, delta_samples
 from polykv_agents.config import CompressionConfig
 from polykv_agents.eval.agreement import exact_match, token_f1
@@ -128,3 +130,31 @@ def run_quality_suite(
         },
         rows=rows,
     )
+
+
+class QualityOptions(SuiteOptions):
+    contexts: list[int] = Field(default=[600, 2048, 4096, 7168], json_schema_extra={"flag": "--context"})
+    """Context length (repeatable)."""
+    documents: int = Field(default=5, ge=1)
+    """Disjoint pydoc_data.topics texts to average over."""
+    model: str | None = None
+    """Local HF model dir or cached id; default: embedded."""
+
+
+def _measure(options: QualityOptions, progress: Progress) -> SuiteResult:
+    from polykv_agents.eval.corpus import pydoc_documents
+    from polykv_agents.eval.embeddings import minilm_similarity
+
+    texts = pydoc_documents(options.documents)
+    model, tokenizer = load_model_for(options.model)
+    return run_quality_suite(
+        model, tokenizer, texts, contexts=options.contexts, similarity=minilm_similarity(), progress=progress
+    )
+
+
+SUITE = TableSuite(
+    "quality",
+    "PPL delta by context and preset over several texts; pooled vs full-precision answer agreement.",
+    QualityOptions,
+    _measure,
+)

@@ -15,12 +15,14 @@ import statistics
 from collections.abc import Callable, Sequence
 
 import torch
+from pydantic import Field, FilePath
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.agent import PooledAgent
 from polykv_agents.bench.agents import role_prompts, run_batched, timed, ttft_pool, ttft_reprefill
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress, SuiteResult
+from polykv_agents.bench.suite import SuiteOptions, TableSuite, document_text, load_model_for
 from polykv_agents.config import CompressionConfig
 from polykv_agents.pool.prefill import prefill_cache
 from polykv_agents.pool.shared_pool import SharedKVPool
@@ -143,3 +145,35 @@ def run_speed_suite(
             "decompress_within_target": all(r["decompress_pct_of_prefill"] <= DECOMPRESS_TARGET_PCT for r in builds),
         },
     )
+
+
+class SpeedOptions(SuiteOptions):
+    contexts: list[int] = Field(default=[2048, 4096], json_schema_extra={"flag": "--context"})
+    """Context length (repeatable)."""
+    agents: list[int] = Field(default=[1, 3, 5, 10, 15])
+    """Agent count (repeatable)."""
+    new_tokens: int = Field(default=32, ge=1)
+    """Tokens each agent decodes."""
+    repetitions: int = Field(default=3, ge=1)
+    """Timed repetitions after one warm-up."""
+    document: FilePath | None = None
+    """UTF-8 text; default: pydoc_data.topics."""
+    model: str | None = None
+    """Local HF model dir or cached id; default: embedded."""
+
+
+def _measure(options: SpeedOptions, progress: Progress) -> SuiteResult:
+    text = document_text(options.document)
+    model, tokenizer = load_model_for(options.model)
+    return run_speed_suite(
+        model, tokenizer, text, contexts=options.contexts, agent_counts=options.agents,
+        new_tokens=options.new_tokens, repetitions=options.repetitions, progress=progress,
+    )  # fmt: skip
+
+
+SUITE = TableSuite(
+    "speed",
+    "TTFT pool vs re-prefill, decode tokens/s vs agents, compress and decompress time.",
+    SpeedOptions,
+    _measure,
+)

@@ -2,12 +2,13 @@
 
 One call:
   LangChain messages -> chat-template turns that continue the pool's prefix (or a whole prompt,
-  without a pool) -> :mod:`polykv_agents.runtime.decoding` -> text chunks, then one last chunk that
-  carries usage metadata (``cache_read`` = tokens served from the pool) and response metadata.
+  without a pool) -> a :class:`~polykv_agents.runtime.request.DecodeRequest` -> the engine's backend
+  (:mod:`polykv_agents.runtime.generate`) -> text chunks, then one last chunk that carries usage
+  metadata (``cache_read`` = tokens served from the pool) and response metadata.
 
-Constructing a chat model loads nothing. The first call loads the model through the process-wide
-model registry (:func:`polykv_agents.load_model`) and resolves the pool handle through the
-process-wide pool registry, so every role in a workflow shares one model and one pool.
+Constructing a chat model loads nothing. The first call loads the model through its
+:class:`~polykv_agents.engine.Engine` (``engine=``, else the process-wide default) and resolves the pool
+handle through that engine's pool registry, so every role in a workflow shares one model and one pool.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ from pydantic import Field, PrivateAttr
 from polykv_agents.chat.async_bridge import iterate_in_thread
 from polykv_agents.chat.messages import to_chat_messages
 from polykv_agents.chat.structured_output import response_format_grammar, structured_output
-from polykv_agents.model.loading import DEFAULT_MODEL, load_model
+from polykv_agents.engine import Engine, default_engine
+from polykv_agents.model.loading import DEFAULT_MODEL
 from polykv_agents.pool.documents import Document
 from polykv_agents.pool.handle import PoolHandle
-from polykv_agents.pool.registry import POOL_REGISTRY
 from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.prompting.encode import encode_prompt
 from polykv_agents.prompting.tool_calls import (
@@ -46,7 +47,9 @@ from polykv_agents.prompting.tool_calls import (
     tools_prompt,
 )
 from polykv_agents.prompting.tool_prompts import ToolsShown
-from polykv_agents.runtime.decoding import Runtime, generate_text
+from polykv_agents.runtime.backend import Runtime
+from polykv_agents.runtime.generate import generate_text
+from polykv_agents.runtime.request import DecodeRequest
 from polykv_agents.sampling.settings import GenerationSettings, GenerationStats
 
 
@@ -145,6 +148,10 @@ class ChatPolyKV(BaseChatModel):
     """How pooled calls read the pool: batched over one shared prefix kept ``decompressed`` (fast) or
     ``compressed`` (smallest), or ``private`` (one decoded copy per call, the reference design)."""
 
+    engine: Engine | None = Field(default=None, exclude=True, repr=False)
+    """Where models, pools and schedulers live (:class:`~polykv_agents.engine.Engine`); ``None``: the
+    process-wide default engine."""
+
     _pool_object: SharedKVPool | None = PrivateAttr(default=None)
     """The pool given to :meth:`with_pool` as an object: held so the registry's budget cannot lose it."""
 
@@ -180,13 +187,13 @@ class ChatPolyKV(BaseChatModel):
 
         Args:
             pool: A handle (what LangGraph state holds) or a pool object, which is then put into the
-                process-wide pool registry.
+                engine's pool registry.
             document: The pool's document, so the pool can be rebuilt if this process has never
                 seen it and no store holds it (e.g. a checkpointed thread resumed elsewhere).
         """
         if not isinstance(pool, SharedKVPool):  # a handle, or its fields as a dict (a strict checkpoint serializer's)
             return self.model_copy(update={"pool": PoolHandle.model_validate(pool), "pool_document": document})
-        POOL_REGISTRY.put(pool)
+        self.resolved_engine.pools.put(pool)
         bound = self.model_copy(update={"pool": PoolHandle.from_pool(pool), "pool_document": document})
         bound._pool_object = pool  # the registry may evict it (byte budget); this copy still has it
         return bound
@@ -281,21 +288,23 @@ class ChatPolyKV(BaseChatModel):
         tools = _BoundTools.from_kwargs(kwargs, parallel_default=self.parallel_tool_calls)
         settings = self._settings(stop, kwargs, tools)
         model_name = kwargs.get("model", self.model)
-        model, tokenizer = load_model(model_name, device=self.device)
+        engine = self.resolved_engine
+        model, tokenizer = engine.load_model(model_name, device=self.device)
         turns = to_chat_messages(messages)
         with contextlib.ExitStack() as lease:
             pool = None
             if self.pool is not None:
                 # Leased for the whole call: the registry's byte budget never evicts a pool in use.
-                pool = lease.enter_context(self._leased_pool(model, tokenizer))
+                pool = lease.enter_context(self._leased_pool(engine, model, tokenizer))
             prompt_ids = encode_prompt(
                 tokenizer,
                 turns,
                 prefix_messages=pool.prefix_messages if pool else None,
                 tools=tools.shown if tools else None,
             )
-            stats = GenerationStats(prompt_tokens=prompt_ids.numel(), cached_tokens=pool.num_tokens if pool else 0)
-            pieces = generate_text(model, tokenizer, prompt_ids, settings, pool=pool, stats=stats, runtime=self.runtime)
+            request = DecodeRequest(model, tokenizer, prompt_ids, settings, pool=pool)
+            stats = request.stats
+            pieces = generate_text(request, engine.backend(self.runtime))
             # The first piece tells tool calls (sent whole, once complete) from text (streamed as it comes):
             # under tools, the grammar lets plain text start with anything but "<".
             call_text, first, calling = "", True, tools is not None and tools.grammar is not None
@@ -314,14 +323,19 @@ class ChatPolyKV(BaseChatModel):
                 yield chunk
             yield self._final_chunk(stats, model_name, pool, finish_reason)
 
-    def _leased_pool(self, model, tokenizer) -> contextlib.AbstractContextManager[SharedKVPool]:
-        """This call's pool, leased from the process-wide registry (so its budget never evicts it mid-call)."""
+    @property
+    def resolved_engine(self) -> Engine:
+        """The engine calls run on: this model's ``engine``, else the process-wide default."""
+        return self.engine if self.engine is not None else default_engine()
+
+    def _leased_pool(self, engine: Engine, model, tokenizer) -> contextlib.AbstractContextManager[SharedKVPool]:
+        """This call's pool, leased from the engine's registry (so its budget never evicts it mid-call)."""
         held = self._pool_object
         if held is not None and self.pool is not None and held.digest == self.pool.digest:
             held.check_compatible(model, tokenizer)
-            return POOL_REGISTRY.leased(held)
+            return engine.pools.leased(held)
         assert self.pool is not None
-        return POOL_REGISTRY.use(self.pool, model, tokenizer, document=self.pool_document)
+        return engine.pools.use(self.pool, model, tokenizer, document=self.pool_document)
 
     @staticmethod
     def _final_chunk(

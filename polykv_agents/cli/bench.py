@@ -1,48 +1,46 @@
-"""``polykv-agents bench <suite>``: each suite writes ``<out>/<suite>.json``, ``<suite>.md`` and its
-PNG plots; ``python benchmarks/render_results.py`` then regenerates docs/RESULTS.md from them.
+"""``polykv-agents bench <suite>``: one command per registered suite (:mod:`polykv_agents.bench.registry`),
+its options made from the suite's options model. Each writes its JSON, Markdown and plots to ``--out``;
+``python benchmarks/render_results.py`` then regenerates docs/RESULTS.md and the docs' generated sections.
 
-Texts: disjoint slices of CPython's ``pydoc_data.topics`` (present offline), or ``--document``.
+``polykv-agents bench plan`` prints the runs behind the committed results (``benchmarks/run_all.sh``).
 """
 
 from __future__ import annotations
 
-import json
+import functools
+import inspect
+import operator
+import shlex
+import types
+import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Union
 
 import typer
-from rich.table import Table
+from pydantic.fields import FieldInfo
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from polykv_agents.cli.support import (
-    ModelOpt,
-    clean_errors,
-    err,
-    load_model_with_spinner,
-    out,
-    progress_bar,
-    read_document,
-)
+from polykv_agents.bench.registry import SUITES
+from polykv_agents.bench.suite import Suite
+from polykv_agents.cli.support import clean_errors, err, out
 
 bench_app = typer.Typer(help="Benchmarks (measured, with warm-up and medians).", no_args_is_help=True)
 
-OutOpt = Annotated[Path, typer.Option("--out", file_okay=False, help="Folder for the JSON, Markdown and PNG files.")]
-DocumentOpt = Annotated[
-    Path | None, typer.Option(exists=True, dir_okay=False, help="UTF-8 text; default: pydoc_data.topics.")
-]
-DocumentsOpt = Annotated[int, typer.Option(min=1, help="Disjoint pydoc_data.topics texts to average over.")]
-ContextsOpt = Annotated[list[int] | None, typer.Option("--context", min=16, help="Context length (repeatable).")]
-AgentsOpt = Annotated[list[int] | None, typer.Option("--agents", min=1, max=64, help="Agent count (repeatable).")]
-RepetitionsOpt = Annotated[int, typer.Option(min=1, help="Timed repetitions after one warm-up.")]
 DEFAULT_OUT = Path("benchmarks/results")
+OutOpt = Annotated[Path, typer.Option("--out", file_okay=False, help="Folder for the JSON, Markdown and PNG files.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
 
 
 @contextmanager
-def _steps(total: int) -> Iterator[Callable[[str], None]]:
-    """A progress bar that advances once per suite step and shows the step's description."""
-    with progress_bar() as progress:
-        task = progress.add_task("starting", total=total)
+def _steps() -> Iterator[Callable[[str], None]]:
+    """A spinner that shows the suite's current step and how many it has done."""
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TextColumn("step {task.completed}"),
+        TimeElapsedColumn(), console=err, transient=True,
+    ) as progress:  # fmt: skip
+        task = progress.add_task("starting", total=None)
 
         def step(description: str) -> None:
             progress.update(task, description=description, advance=1)
@@ -50,179 +48,60 @@ def _steps(total: int) -> Iterator[Callable[[str], None]]:
         yield step
 
 
-def _single_text(document: Path | None) -> str:
-    from polykv_agents.eval.corpus import pydoc_documents
-
-    return read_document(document) if document else pydoc_documents(1, chars_per_document=60_000)[0]
-
-
-def _report(written: list[Path]) -> None:
-    for path in written:
-        out.print(f"wrote {path}")
-
-
-@bench_app.command("memory")
-@clean_errors
-def bench_memory(
-    contexts: ContextsOpt = None,
-    agents: AgentsOpt = None,
-    document: DocumentOpt = None,
-    out_dir: OutOpt = DEFAULT_OUT,
-    model: ModelOpt = None,
-) -> None:
-    """KV bytes and peak RSS for 1..15 agents at 600..7K tokens, ours vs a cache per agent."""
-    from polykv_agents.bench.memory import run_memory_suite
-    from polykv_agents.bench.writers import write_memory
-
-    contexts, agents = contexts or [600, 2048, 4096, 7168], agents or [1, 3, 5, 10, 15]
-    text = _single_text(document)
-    llm, tokenizer = load_model_with_spinner(model)
-    with _steps(len(contexts) * (1 + len(agents))) as step:
-        result = run_memory_suite(llm, tokenizer, text, contexts=contexts, agent_counts=agents, progress=step)
-    _report(write_memory(result, out_dir))
+def _cli_type(annotation: Any) -> Any:
+    """The type typer parses: pydantic's constrained types (``FilePath``) become their base type; the
+    options model validates the value again."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _cli_type(typing.get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        return functools.reduce(operator.or_, (_cli_type(a) for a in typing.get_args(annotation)))
+    return annotation
 
 
-@bench_app.command("speed")
-@clean_errors
-def bench_speed(
-    contexts: ContextsOpt = None,
-    agents: AgentsOpt = None,
-    new_tokens: Annotated[int, typer.Option(min=1, help="Tokens each agent decodes.")] = 32,
-    repetitions: RepetitionsOpt = 3,
-    document: DocumentOpt = None,
-    out_dir: OutOpt = DEFAULT_OUT,
-    model: ModelOpt = None,
-) -> None:
-    """TTFT pool vs re-prefill, decode tokens/s vs agents, compress and decompress time."""
-    from polykv_agents.bench.speed import run_speed_suite
-    from polykv_agents.bench.writers import write_speed
-
-    contexts, agents = contexts or [2048, 4096], agents or [1, 3, 5, 10, 15]
-    text = _single_text(document)
-    llm, tokenizer = load_model_with_spinner(model)
-    with _steps(2 * len(contexts) + len(agents)) as step:
-        result = run_speed_suite(
-            llm, tokenizer, text, contexts=contexts, agent_counts=agents, new_tokens=new_tokens,
-            repetitions=repetitions, progress=step,
-        )  # fmt: skip
-    _report(write_speed(result, out_dir))
+def _option(name: str, field: FieldInfo) -> inspect.Parameter:
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    flag = str(extra.get("flag", "--" + name.replace("_", "-")))
+    annotation = Annotated[_cli_type(field.annotation), typer.Option(flag, help=field.description)]
+    default = inspect.Parameter.empty if field.is_required() else field.get_default(call_default_factory=True)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
-@bench_app.command("quality")
-@clean_errors
-def bench_quality(
-    contexts: ContextsOpt = None,
-    documents: DocumentsOpt = 5,
-    out_dir: OutOpt = DEFAULT_OUT,
-    model: ModelOpt = None,
-) -> None:
-    """PPL delta by context and preset over several texts; pooled vs full-precision answer agreement."""
-    from polykv_agents.bench.quality import run_quality_suite
-    from polykv_agents.bench.writers import write_quality
-    from polykv_agents.eval.corpus import pydoc_documents
-    from polykv_agents.eval.embeddings import minilm_similarity
+def suite_command(suite: Suite) -> Callable[..., None]:
+    """A typer command running ``suite``: its options, then ``--out`` and ``--json``."""
+    fields = suite.options.model_fields
+    assert not {"out_dir", "as_json"} & fields.keys(), f"{suite.name}: option names reserved by the CLI"
 
-    contexts = contexts or [600, 2048, 4096, 7168]
-    texts = pydoc_documents(documents)
-    llm, tokenizer = load_model_with_spinner(model)
-    similarity = minilm_similarity()
-    with _steps(len(contexts) * documents + documents) as step:
-        result = run_quality_suite(llm, tokenizer, texts, contexts=contexts, similarity=similarity, progress=step)
-    _report(write_quality(result, out_dir))
+    def command(**kwargs: Any) -> None:
+        out_dir, as_json = kwargs.pop("out_dir"), kwargs.pop("as_json")
+        options = suite.options(**kwargs)
+        with _steps() as step:
+            result = suite.run(options, step)
+        written = suite.write(result, out_dir)
+        if as_json:
+            typer.echo(result.model_dump_json())
+        for path in written:
+            (err if as_json else out).print(f"wrote {path}")
 
-
-@bench_app.command("ablation")
-@clean_errors
-def bench_ablation(
-    contexts: ContextsOpt = None,
-    documents: DocumentsOpt = 5,
-    seeds: Annotated[int, typer.Option(min=1, help="Rotation seeds per seed-dependent config.")] = 3,
-    out_dir: OutOpt = DEFAULT_OUT,
-    model: ModelOpt = None,
-) -> None:
-    """One factor at a time (rotation, signs, key granularity and bits, value bits), seeds and CIs."""
-    from polykv_agents.bench.ablation import run_ablation_suite
-    from polykv_agents.bench.writers import write_ablation
-    from polykv_agents.eval.corpus import pydoc_documents
-
-    contexts = contexts or [2048, 4096]
-    texts = pydoc_documents(documents)
-    llm, tokenizer = load_model_with_spinner(model)
-    with _steps(len(contexts) * documents) as step:
-        result = run_ablation_suite(llm, tokenizer, texts, contexts=contexts, seeds=list(range(seeds)), progress=step)
-    _report(write_ablation(result, out_dir))
+    parameters = [_option(name, field) for name, field in fields.items()]
+    parameters += [
+        inspect.Parameter("out_dir", inspect.Parameter.KEYWORD_ONLY, default=DEFAULT_OUT, annotation=OutOpt),
+        inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=JsonOpt),
+    ]
+    command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": None}
+    command.__doc__ = suite.summary
+    command.__name__ = f"bench_{suite.name}"
+    return clean_errors(command)
 
 
-@bench_app.command("agents")
-@clean_errors
-def bench_agents(
-    document: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="UTF-8 text file (the shared prefix).")],
-    agents: Annotated[int, typer.Option(min=1, max=64, help="Concurrent agents.")] = 15,
-    context_tokens: Annotated[int, typer.Option(min=16, help="Document tokens in the pool.")] = 2048,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens each agent decodes.")] = 32,
-    repetitions: Annotated[int, typer.Option(min=1, help="Timed repetitions after one warm-up.")] = 3,
-    runtime: Annotated[str, typer.Option(help="Prefix residency: decompressed or compressed.")] = "decompressed",
-    model: ModelOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-) -> None:
-    """N concurrent agents over one pool vs sequential agents vs naive batching over a copied prefix."""
-    from polykv_agents.bench.agents import run_agents_bench
-
-    if runtime not in ("decompressed", "compressed"):
-        msg = f"--runtime must be decompressed or compressed, got {runtime!r}"
-        raise ValueError(msg)
-    text = read_document(document)
-    llm, tokenizer = load_model_with_spinner(model)
-    with err.status(f"Running {agents} agents x {repetitions + 1} repetitions ..."):
-        result = run_agents_bench(
-            llm,
-            tokenizer,
-            text,
-            agents=agents,
-            context_tokens=context_tokens,
-            max_new_tokens=max_new_tokens,
-            repetitions=repetitions,
-            runtime=runtime,  # type: ignore[arg-type]
-        )
-    if as_json:
-        typer.echo(json.dumps(result.model_dump()))
-        return
-    table = Table(title=f"{agents} agents, {result.context_tokens}-token pool, {result.model_name} ({result.dtype})")
-    table.add_column("measure")
-    table.add_column("value", justify="right")
-    for key, value in result.model_dump().items():
-        table.add_row(
-            key, f"{value:,.3f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value)
-        )
-    out.print(table)
+for _suite in SUITES.values():
+    bench_app.command(_suite.name)(suite_command(_suite))
 
 
-@bench_app.command("peer")
-@clean_errors
-def bench_peer(
-    peer_python: Annotated[
-        Path, typer.Option(exists=True, dir_okay=False, help="Python of an environment with polykv-llm==0.1.0.")
-    ],
-    documents: DocumentsOpt = 3,
-    context_tokens: Annotated[int, typer.Option(min=16, help="Document tokens in the pool.")] = 2048,
-    continuation_tokens: Annotated[int, typer.Option(min=2, help="Tokens whose perplexity is measured.")] = 512,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens per answer.")] = 32,
-    agents: Annotated[int, typer.Option(min=1, max=64, help="Agents at once for the memory rows.")] = 15,
-    out_dir: OutOpt = DEFAULT_OUT,
-) -> None:
-    """Side by side with the reference implementation polykv-llm 0.1.0, run in its own environment."""
-    from polykv_agents.bench.peer import run_peer_suite
-    from polykv_agents.bench.writers import write_peer
-    from polykv_agents.eval.corpus import pydoc_documents
-    from polykv_agents.eval.embeddings import minilm_similarity
-
-    texts = pydoc_documents(documents)
-    llm, tokenizer = load_model_with_spinner(None)  # the peer loads the same embedded GGUF file
-    similarity = minilm_similarity()
-    with _steps(2 + documents) as step:
-        result = run_peer_suite(
-            llm, tokenizer, texts, peer_python=str(peer_python), context_tokens=context_tokens,
-            continuation_tokens=continuation_tokens, max_new_tokens=max_new_tokens, agents=agents,
-            similarity=similarity, progress=step,
-        )  # fmt: skip
-    _report(write_peer(result, out_dir))
+@bench_app.command("plan")
+def bench_plan() -> None:
+    """Print each run behind the committed results, one `polykv-agents bench` argument list a line."""
+    for suite in SUITES.values():
+        for arguments in suite.reproduce:
+            typer.echo(shlex.join([suite.name, *arguments]))

@@ -28,7 +28,7 @@ from polykv_agents.cli.support import (
     progress_bar,
     read_document,
 )
-from polykv_agents.config import CompressionConfig
+from polykv_agents.config import CODEC_METHODS, PRESETS, SEED_MAX, CompressionConfig, describe_codecs
 
 app = typer.Typer(help="Many LLM agents over one document, sharing one compressed KV cache.", no_args_is_help=True)
 eval_app = typer.Typer(help="Quality evaluation.", no_args_is_help=True)
@@ -46,20 +46,34 @@ DEMO_ROLES = [
 ]  # fmt: skip
 
 
-# Options shared by commands that build a pool.
-KeyMethodOpt = Annotated[str, typer.Option("--key-method", help="int, turboquant or none.")]
-KeyBitsOpt = Annotated[int, typer.Option("--key-bits", help="Bits per key coordinate.")]
-KeyGranOpt = Annotated[str, typer.Option("--key-granularity", help="int keys: tensor, channel or token.")]
-ValueMethodOpt = Annotated[str, typer.Option("--value-method", help="turboquant, int or none.")]
-ValueBitsOpt = Annotated[int, typer.Option("--value-bits", help="Bits per value coordinate (turboquant: 2-4).")]
+# Options shared by commands that build a pool; the codec list is generated from the config classes.
+KeyMethodOpt = Annotated[str, typer.Option("--key-method", help=f"Key codec. Codecs: {describe_codecs()}.")]
+KeyBitsOpt = Annotated[int | None, typer.Option("--key-bits", help="Bits per key coordinate; default: the codec's.")]
+KeyGranOpt = Annotated[
+    str | None,
+    typer.Option("--key-granularity", help="Key scale sharing, for codecs with a granularity (see --key-method)."),
+]
+ValueMethodOpt = Annotated[
+    str, typer.Option("--value-method", help=f"Value codec, one of {', '.join(CODEC_METHODS)} (see --key-method).")
+]
+ValueBitsOpt = Annotated[
+    int | None, typer.Option("--value-bits", help="Bits per value coordinate; default: the codec's.")
+]
 
 
-def _config(key_method: str, key_bits: int, key_granularity: str, value_method: str, value_bits: int, seed: int):
+def _config(
+    key_method: str,
+    key_bits: int | None,
+    key_granularity: str | None,
+    value_method: str,
+    value_bits: int | None,
+    seed: int,
+) -> CompressionConfig:
     return CompressionConfig.from_options(
-        key_method=key_method,  # type: ignore[arg-type]  # pydantic validates the literal
+        key_method=key_method,
         key_bits=key_bits,
-        key_granularity=key_granularity,  # type: ignore[arg-type]
-        value_method=value_method,  # type: ignore[arg-type]
+        key_granularity=key_granularity,
+        value_method=value_method,
         value_bits=value_bits,
         seed=seed,
     )
@@ -128,13 +142,13 @@ def eval_ppl(
     context_tokens: Annotated[int, typer.Option(help="Prefix tokens held in the pool.")] = 2048,
     continuation_tokens: Annotated[int, typer.Option(help="Following tokens whose perplexity is measured.")] = 512,
     key_method: KeyMethodOpt = "int",
-    key_bits: KeyBitsOpt = 8,
-    key_granularity: KeyGranOpt = "channel",
+    key_bits: KeyBitsOpt = None,
+    key_granularity: KeyGranOpt = None,
     value_method: ValueMethodOpt = "turboquant",
-    value_bits: ValueBitsOpt = 3,
-    seed: Annotated[int, typer.Option(help="Rotation seed.")] = 0,
+    value_bits: ValueBitsOpt = None,
+    seed: Annotated[int, typer.Option(help=f"Rotation seed, 0..{SEED_MAX}.")] = 0,
     preset: Annotated[
-        str | None, typer.Option(help="default, paper, max or full: a named config instead of the codec options.")
+        str | None, typer.Option(help=f"{', '.join(PRESETS)}: a named config instead of the codec options.")
     ] = None,
     model: ModelOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -143,7 +157,7 @@ def eval_ppl(
     from polykv_agents.eval.perplexity import perplexity_deltas
 
     if preset is not None:
-        config = CompressionConfig.preset(preset).model_copy(update={"seed": seed})
+        config = CompressionConfig.preset(preset).with_seed(seed)
     else:
         config = _config(key_method, key_bits, key_granularity, value_method, value_bits, seed)
     text = read_document(document)

@@ -65,7 +65,7 @@ def progress_bar() -> Progress:
 
 
 def load_model_with_spinner(name: str | None):
-    from polykv_agents.model.loading import load_model
+    from polykv_agents.engine import load_model
 
     with err.status(f"Loading {name or DEFAULT_MODEL} ..."):
         return load_model(name)

@@ -11,7 +11,7 @@ import torch
 
 from polykv_agents.codecs.bitpack import pack_codes, unpack_codes
 from polykv_agents.codecs.encoded import EncodedTensor, dtype_name
-from polykv_agents.config import CodecConfig
+from polykv_agents.config import IntCodecConfig
 
 # Dimensions of [batch, kv_heads, tokens, head_dim] that share one scale, per granularity.
 _REDUCED_DIMS: dict[str, tuple[int, ...]] = {
@@ -27,7 +27,7 @@ class IntLinearCodec:
     name = "int"
 
     def __init__(self, bits: int = 8, granularity: str = "channel") -> None:
-        CodecConfig(method="int", bits=bits, granularity=granularity)  # validates
+        IntCodecConfig(bits=bits, granularity=granularity)  # validates
         self.bits = bits
         self.granularity = granularity
         self.qmax = 2 ** (bits - 1) - 1

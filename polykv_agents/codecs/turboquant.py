@@ -19,7 +19,7 @@ from polykv_agents.codecs.bitpack import pack_codes, unpack_codes
 from polykv_agents.codecs.encoded import EncodedTensor, dtype_name
 from polykv_agents.codecs.hadamard import random_rotation
 from polykv_agents.codecs.lloyd_max import codes_to_values, gaussian_lloyd_max, quantize_to_codes
-from polykv_agents.config import CodecConfig
+from polykv_agents.config import TurboQuantCodecConfig
 
 
 class TurboQuantCodec:
@@ -28,7 +28,7 @@ class TurboQuantCodec:
     name = "turboquant"
 
     def __init__(self, bits: int = 3, *, seed: int = 0, rotation: bool = True, random_signs: bool = True) -> None:
-        CodecConfig(method="turboquant", bits=bits, rotation=rotation, random_signs=random_signs)  # validates
+        TurboQuantCodecConfig(bits=bits, rotation=rotation, random_signs=random_signs)  # validates
         self.bits = bits
         self.seed = seed
         self.rotation = rotation

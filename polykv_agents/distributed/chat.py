@@ -30,8 +30,10 @@ from polykv_agents.pool.shared_pool import SharedKVPool
 # The fields that say which pool to read: sent as the call's handle and document, not as settings.
 _POOL_FIELDS = {"pool", "pool_document"}
 # ChatPolyKV's own settings (model, max_tokens, temperature, ...): what a worker needs to make the same call.
-# BaseChatModel's fields (callbacks, cache, rate limiter, ...) belong to this process and stay here.
-_SETTINGS = tuple(name for name in ChatPolyKV.model_fields if name not in {*BaseChatModel.model_fields, *_POOL_FIELDS})
+# BaseChatModel's fields (callbacks, cache, rate limiter, ...) and the engine belong to this process and stay
+# here: each worker runs on its own process's engine.
+_LOCAL_FIELDS = {*BaseChatModel.model_fields, *_POOL_FIELDS, "engine"}
+_SETTINGS = tuple(name for name in ChatPolyKV.model_fields if name not in _LOCAL_FIELDS)
 
 
 class RayChatPolyKV(ChatPolyKV):

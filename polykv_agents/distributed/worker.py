@@ -34,10 +34,10 @@ from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.config import CompressionConfig
 from polykv_agents.distributed.directory import pool_directory
 from polykv_agents.distributed.object_store import from_stored, stored_nbytes, to_stored
-from polykv_agents.model.loading import load_model
+from polykv_agents.engine import default_engine
 from polykv_agents.pool.handle import PoolHandle
 from polykv_agents.pool.record import PoolFileError
-from polykv_agents.pool.registry import POOL_REGISTRY, PoolNotFoundError
+from polykv_agents.pool.registry import PoolNotFoundError
 from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.pool.store import PoolStore
 
@@ -69,6 +69,7 @@ class NodeWorker:
         self._model_name = model
         self._device = device
         self._namespace = namespace
+        self._engine = default_engine()  # this worker process's engine: its chat models use it too
         self._lock = threading.Lock()
         self._digest_locks: dict[str, threading.Lock] = {}
         self.fetches: Counter[str] = Counter()
@@ -77,7 +78,7 @@ class NodeWorker:
         self.calls = 0
 
     def _model(self):
-        return load_model(self._model_name, device=self._device)
+        return self._engine.load_model(self._model_name, device=self._device)
 
     def _digest_lock(self, digest: str) -> threading.Lock:
         with self._lock:
@@ -109,14 +110,14 @@ class NodeWorker:
         store) and published."""
         model, tokenizer = self._model()
         config = CompressionConfig.model_validate(config)
-        digest = POOL_REGISTRY.digest_of(model, tokenizer, document, config)
+        digest = self._engine.pools.digest_of(model, tokenizer, document, config)
         with self._digest_lock(digest):
-            pool, built = POOL_REGISTRY.get(digest) or self._fetch(digest), False
+            pool, built = self._engine.pools.get(digest) or self._fetch(digest), False
             made_here = pool is None  # the cluster has no copy that can be read: a lost one is replaced
             if made_here:
                 store = PoolStore(store_dir) if store_dir else None
-                builds_before = POOL_REGISTRY.builds_by_digest.get(digest, 0)
-                pool = POOL_REGISTRY.get_or_build(model, tokenizer, document, config=config, store=store)
+                builds_before = self._engine.pools.builds_by_digest.get(digest, 0)
+                pool = self._engine.pools.get_or_build(model, tokenizer, document, config=config, store=store)
                 built = self._count_build(digest, builds_before)
             object_id = self._publish(pool, built=built, replace=made_here)
         return PoolHandle.from_pool(pool, store_dir=store_dir, object_id=object_id)
@@ -124,7 +125,7 @@ class NodeWorker:
     def _count_build(self, digest: str, builds_before: int) -> bool:
         """Whether this call prefilled pool ``digest`` (exact: the digest's lock is held, so no other call of this
         process builds it meanwhile), counted if so."""
-        built = POOL_REGISTRY.builds_by_digest.get(digest, 0) > builds_before
+        built = self._engine.pools.builds_by_digest.get(digest, 0) > builds_before
         self.builds[digest] += built
         return built
 
@@ -139,7 +140,7 @@ class NodeWorker:
     @ray.method(concurrency_group=CONTROL_GROUP)
     def stored_pool(self, digest: str) -> dict[str, Any]:
         """What the object store keeps of pool ``digest`` (the directory asks for it, and so owns the result)."""
-        pool = POOL_REGISTRY.get(digest)
+        pool = self._engine.pools.get(digest)
         if pool is None:
             msg = f"pool {digest[:12]} is no longer held on this node (the registry's budget evicted it)"
             raise KeyError(msg)
@@ -158,21 +159,21 @@ class NodeWorker:
             return None
         self.fetches[digest] += 1
         self.fetched_nbytes[digest] += stored_nbytes(stored)
-        POOL_REGISTRY.put(pool)
+        self._engine.pools.put(pool)
         return pool
 
     def _pool(self, handle: PoolHandle, document: Document | None) -> SharedKVPool:
         """This node's pool for ``handle``: fetched once per node, however many calls arrive together."""
         with self._digest_lock(handle.digest):  # the other calls for this digest wait for the one fetch
-            pool = POOL_REGISTRY.get(handle.digest) or self._fetch(handle.digest)
+            pool = self._engine.pools.get(handle.digest) or self._fetch(handle.digest)
             return pool if pool is not None else self._recover(handle, document)
 
     def _recover(self, handle: PoolHandle, document: Document | None) -> SharedKVPool:
         """The pool from the handle's store, else rebuilt from its document; published again either way."""
         model, tokenizer = self._model()
-        builds_before = POOL_REGISTRY.builds_by_digest.get(handle.digest, 0)
+        builds_before = self._engine.pools.builds_by_digest.get(handle.digest, 0)
         try:
-            pool = POOL_REGISTRY.resolve(handle, model, tokenizer, document=document)
+            pool = self._engine.pools.resolve(handle, model, tokenizer, document=document)
         except PoolNotFoundError as e:
             msg = (
                 f"pool {handle.digest[:12]} is neither in the cluster's object store nor in a store, and the call "
@@ -185,8 +186,8 @@ class NodeWorker:
     @ray.method(concurrency_group=CONTROL_GROUP)
     def release(self, digest: str) -> None:
         """Forget this node's copy of pool ``digest`` (once no call is using it)."""
-        if digest in POOL_REGISTRY and POOL_REGISTRY.leases(digest) == 0:
-            POOL_REGISTRY.discard(digest)
+        if digest in self._engine.pools and self._engine.pools.leases(digest) == 0:
+            self._engine.pools.discard(digest)
 
     # ---------------------------------------------------------------- calls
 
@@ -201,7 +202,7 @@ class NodeWorker:
         """One chat call on this node's model, over this node's copy of the pool."""
         with self._lock:
             self.calls += 1
-        chat = ChatPolyKV(**settings)
+        chat = ChatPolyKV(**settings, engine=self._engine)
         if handle is not None:
             chat = chat.with_pool(self._pool(PoolHandle.model_validate(handle), document))
         return chat.invoke(messages, **kwargs)
@@ -219,5 +220,5 @@ class NodeWorker:
             "fetches": dict(self.fetches),
             "fetched_nbytes": dict(self.fetched_nbytes),
             "builds": dict(self.builds),
-            "registry_nbytes": POOL_REGISTRY.nbytes,
+            "registry_nbytes": self._engine.pools.nbytes,
         }

@@ -11,7 +11,7 @@ model: digest, fingerprint, sizes, store location) — never tensors, so every c
         chat = prefetch.pooled_chat(state)           # ChatPolyKV bound to this run's pool
         return {"messages": [chat.invoke([SystemMessage(CRITIC), HumanMessage(...)])]}
 
-A pool with the same digest already in the process registry (or in the store) is reused, not
+A pool with the same digest already in the engine's registry (or in the store) is reused, not
 rebuilt; a thread resumed in a fresh process reloads it from the store by digest, or rebuilds it
 deterministically from the document in state if the file is gone.
 """
@@ -23,15 +23,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, convert_to_messages
-from langchain_core.prompt_values import PromptValue
-from langchain_core.runnables import Runnable, RunnableLambda
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.runnables import Runnable
 
 from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.config import CompressionConfig
-from polykv_agents.model.loading import load_model
+from polykv_agents.engine import Engine
 from polykv_agents.pool.handle import PoolHandle
-from polykv_agents.pool.registry import POOL_REGISTRY, PoolRegistry
 from polykv_agents.pool.store import PoolStore
 
 if TYPE_CHECKING:
@@ -45,15 +43,6 @@ DEFAULT_SHARED_PROMPT = (
 )
 
 
-def _as_messages(value: Any) -> list[BaseMessage]:
-    """A chat model's input (a string, a prompt value or message-likes) as messages."""
-    if isinstance(value, str):
-        return [HumanMessage(value)]
-    if isinstance(value, PromptValue):
-        return value.to_messages()
-    return convert_to_messages(value)
-
-
 class PrefetchDocument:
     """A LangGraph node (a callable ``state -> update``) that prefetches and compresses the document.
 
@@ -65,9 +54,8 @@ class PrefetchDocument:
         shared_prompt: The system message that precedes the document in the shared prefix.
         document_key: State key of the document text.
         pool_key: State key the pool handle is written to.
-        registry: The pool registry (the process-wide one by default).
-        share_pool: ``False`` turns the node into the baseline that benchmarks compare with: no pool
-            is built, and every role call prefills the document again, as a plain local chat model does.
+        engine: Where the pool is built and the role calls run (:class:`~polykv_agents.engine.Engine`);
+            ``None``: ``chat``'s engine (the process-wide default unless ``chat`` names one).
         cluster: A :class:`polykv_agents.distributed.RayCluster`: the pool is built on one of its nodes and
             published to its object store, and every role call runs on its workers (the switch that sends
             a graph's role nodes to Ray). ``None``: everything runs in this process.
@@ -82,14 +70,12 @@ class PrefetchDocument:
         shared_prompt: str = DEFAULT_SHARED_PROMPT,
         document_key: str = "document",
         pool_key: str = "pool",
-        registry: PoolRegistry = POOL_REGISTRY,
-        share_pool: bool = True,
+        engine: Engine | None = None,
         cluster: RayCluster | None = None,
     ) -> None:
+        if engine is not None and chat.engine is not engine:
+            chat = chat.model_copy(update={"engine": engine})
         if cluster is not None:
-            if not share_pool:
-                msg = "share_pool=False (the no-pool baseline) cannot run on a cluster; pass cluster=None"
-                raise ValueError(msg)
             from polykv_agents.distributed import RayChatPolyKV  # Ray is an optional extra
 
             chat = RayChatPolyKV.on(cluster, chat)
@@ -100,8 +86,7 @@ class PrefetchDocument:
         self.shared_prompt = shared_prompt
         self.document_key = document_key
         self.pool_key = pool_key
-        self.registry = registry
-        self.share_pool = share_pool
+        self.engine = chat.resolved_engine
         self.__name__ = "prefetch_document"  # LangGraph names a node after its callable
 
     def document_messages(self, state: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -116,16 +101,13 @@ class PrefetchDocument:
         return [{"role": "system", "content": self.shared_prompt}, {"role": "user", "content": document}]
 
     def __call__(self, state: Mapping[str, Any]) -> dict[str, PoolHandle | None]:
-        if not self.share_pool:
-            self.document_messages(state)  # same input check as with a pool
-            return {self.pool_key: None}
         store_dir = None if self.store is None else self.store.directory  # get_or_build saves it there
         if self.cluster is not None:
             store = None if store_dir is None else str(store_dir.absolute())
             handle = self.cluster.prefetch(self.document_messages(state), config=self.config, store_dir=store)
             return {self.pool_key: handle}
-        model, tokenizer = load_model(self.chat.model, device=self.chat.device)
-        pool = self.registry.get_or_build(
+        model, tokenizer = self.engine.load_model(self.chat.model, device=self.chat.device)
+        pool = self.engine.pools.get_or_build(
             model, tokenizer, self.document_messages(state), config=self.config, store=self.store
         )
         return {self.pool_key: PoolHandle.from_pool(pool, store_dir=store_dir)}
@@ -141,22 +123,17 @@ class PrefetchDocument:
     def _over_document(
         self, state: Mapping[str, Any], chat: ChatPolyKV, finish: Callable[[ChatPolyKV], Runnable]
     ) -> Runnable:
-        """``finish(chat bound to the pool in state)``; for the baseline, the document goes in front of it instead."""
-        if not self.share_pool:  # the baseline: the whole document goes in front of every call
-            prefix = convert_to_messages(self.document_messages(state))
-            return RunnableLambda(lambda value: [*prefix, *_as_messages(value)]) | finish(chat)
+        """``finish(chat bound to the pool in state)``: the one place a role's runnable is made, so that a
+        baseline (:class:`polykv_agents.bench.baselines.ReprefillDocument`) can replace how it reads the document."""
         return finish(self.pooled_model(state, chat))
 
     def pooled_model(self, state: Mapping[str, Any], chat: ChatPolyKV | None = None) -> ChatPolyKV:
         """``chat`` (default: this node's chat model) bound to the pool in ``state``, as a chat model (what
-        ``bind_tools`` and agent factories need); unlike :meth:`pooled_chat`, there is no baseline form.
+        ``bind_tools`` and agent factories need).
 
         Raises:
-            ValueError: The prefetch node has not run yet (no handle in state), or ``share_pool`` is off.
+            ValueError: The prefetch node has not run yet (no handle in state).
         """
-        if not self.share_pool:
-            msg = "pooled_model needs a pool; with share_pool=False use pooled_chat, which puts the document in front"
-            raise ValueError(msg)
         chat = chat or self.chat
         handle = state.get(self.pool_key)
         if handle is None:

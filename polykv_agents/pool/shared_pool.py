@@ -132,8 +132,33 @@ class SharedKVPool:
             ValueError: Empty document, or longer than the model's positions.
         """
         check_causal_lm(model)
-        config = compression_config(config)
         token_ids, prefix_messages = tokenize_document(model, tokenizer, document)  # [T]
+        return cls.prefill_tokens(
+            model,
+            tokenizer,
+            token_ids,
+            prefix_messages=prefix_messages,
+            config=config,
+            chunk_size=chunk_size,
+            progress=progress,
+        )
+
+    @classmethod
+    def prefill_tokens(
+        cls,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        token_ids: torch.Tensor,
+        *,
+        prefix_messages: Sequence[Message] | None = None,
+        config: CompressionConfig | None = None,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> SharedKVPool:
+        """:meth:`prefill` of a document already tokenized by
+        :func:`~polykv_agents.pool.documents.tokenize_document` (``token_ids [T]``, and its messages when
+        it is a chat prefix), so that a caller who needed the ids first (for the digest) tokenizes once."""
+        config = compression_config(config)
         cache, _ = prefill_cache(model, token_ids, chunk_size=chunk_size, progress=progress)
         return cls.from_cache(model, tokenizer, cache, token_ids, config=config, prefix_messages=prefix_messages)
 

@@ -22,6 +22,10 @@ Model-specific attention features follow the model's own attention function:
   a part with no visible key gets weight 0 in the merge;
 - logit soft-capping (``softcap`` kwarg: Gemma 2) caps the scores before the softmax, as the
   model's eager attention does (the fused CPU kernel cannot, so those layers run unfused).
+Any other attention keyword with a value (attention sinks, ALiBi slopes, ...) is refused with
+:class:`UnsupportedAttentionError` rather than ignored: the batched runtime is never served wrongly
+(:data:`SUPPORTED_ATTENTION_KWARGS` is the allow-list; models known to need more are sent to the
+private runtime before any call, see :func:`polykv_agents.model.architecture.unsupported_batched_attention`).
 Ordinary calls (no :class:`CascadeContext`) run the attention the model had before it was switched
 (``sdpa``, ``eager``, ...), so switching never changes a model's plain ``generate``.
 """
@@ -38,6 +42,37 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from polykv_agents.runtime.shared_prefix import SharedPrefix
+
+SUPPORTED_ATTENTION_KWARGS = frozenset({"sliding_window", "softcap"})
+"""Attention features cascade attention implements (each as the model's own attention does)."""
+
+IGNORED_ATTENTION_KWARGS = frozenset(
+    {"position_ids", "cache_position", "use_cache", "output_attentions", "output_router_logits", "is_causal"}
+)
+"""Keywords models pass along that do not change attention over an explicit cascade context: positions
+are already in the rotated queries and keys, causality is the cascade masks' job, and the rest are
+output switches."""
+
+
+class UnsupportedAttentionError(NotImplementedError):
+    """A model passed an attention feature that cascade attention does not implement."""
+
+
+def check_attention_kwargs(kwargs: dict) -> None:
+    """Raise :class:`UnsupportedAttentionError` if ``kwargs`` carries a feature outside the allow-list."""
+    unknown = sorted(
+        name
+        for name, value in kwargs.items()
+        if value is not None and name not in SUPPORTED_ATTENTION_KWARGS and name not in IGNORED_ATTENTION_KWARGS
+    )
+    if unknown:
+        msg = (
+            f"the batched runtime's cascade attention does not implement the attention feature(s) {unknown} this "
+            "model uses; use runtime='private' for it (ChatPolyKV(runtime='private') or PooledAgent(..., "
+            "runtime='private'))"
+        )
+        raise UnsupportedAttentionError(msg)
+
 
 ATTENTION_NAME = "polykv_cascade"
 """Name of the cascade attention over an ``sdpa`` model; over another base it is ``polykv_cascade_<base>``."""
@@ -186,6 +221,7 @@ def cascade_attention_forward(
         # By keyword: eager functions take (..., attention_mask, scaling, dropout), sdpa (..., dropout, scaling).
         base_attention = _base_attention(base, module)
         return base_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    check_attention_kwargs(kwargs)
     window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
     batch, heads, q_len, head_dim = query.shape
     scaling = scaling if scaling is not None else head_dim**-0.5

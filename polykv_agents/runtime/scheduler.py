@@ -15,43 +15,38 @@ the consumer on text, which then closes its iterator, which cancels the request:
 at the next step boundary while the others go on.
 
 A scheduler holds its pool's decoded prefix and a thread. One that has had no work for
-:data:`SCHEDULER_IDLE_SECONDS` retires: it leaves the process-wide registry and its thread ends, so a
-long-lived server that reads many pools over time keeps only the recently used ones alive. The next
-request over that pool starts a fresh scheduler (its cost: decoding the prefix once more).
+``idle_seconds`` retires: it leaves its :class:`~polykv_agents.runtime.scheduler_table.SchedulerTable`
+and its thread ends, so a long-lived server that reads many pools over time keeps only the recently
+used ones alive. The next request over that pool starts a fresh scheduler (its cost: decoding the
+prefix once more).
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import queue
 import threading
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from polykv_agents.model.compat import cache_keyword
 from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.runtime.cascade_attention import CascadeContext, enable_cascade_attention
+from polykv_agents.runtime.request import DecodeRequest
 from polykv_agents.runtime.shared_prefix import Residency, SharedPrefix
 from polykv_agents.runtime.suffix_cache import SuffixCache
 from polykv_agents.sampling.grammar import TokenConstraint
-from polykv_agents.sampling.settings import (
-    GenerationSettings,
-    GenerationStats,
-    choose_token,
-    eos_token_ids,
-    token_constraint,
-)
+from polykv_agents.sampling.settings import GenerationSettings, GenerationStats, choose_token, eos_token_ids
 
 logger = logging.getLogger(__name__)
 
 _END = object()
 
 SCHEDULER_IDLE_SECONDS = 15.0
-"""How long a scheduler in the process-wide registry waits without work before it retires."""
+"""How long a scheduler in a scheduler table waits without work before it retires (by default)."""
 
 
 @dataclass(eq=False)
@@ -88,6 +83,7 @@ class BatchScheduler:
         max_batch_size: Rows decoded together; further requests wait for a free row.
         on_idle: Called from the worker after ``idle_seconds`` without work; returns whether the
             scheduler retired (then its thread ends). ``None``: it waits for work until closed.
+        idle_seconds: Seconds without work before ``on_idle`` is asked.
     """
 
     idle_seconds: float | None = SCHEDULER_IDLE_SECONDS
@@ -102,8 +98,10 @@ class BatchScheduler:
         residency: Residency = "decompressed",
         max_batch_size: int = 32,
         on_idle: Callable[[BatchScheduler], bool] | None = None,
+        idle_seconds: float | None = SCHEDULER_IDLE_SECONDS,
     ) -> None:
         enable_cascade_attention(model)
+        self.idle_seconds = idle_seconds
         self.model = model
         self.prefix = SharedPrefix(pool, model, residency)
         self.max_batch_size = max_batch_size
@@ -123,27 +121,22 @@ class BatchScheduler:
 
     # ---------------------------------------------------------------- client side
 
-    def submit(
-        self,
-        prompt_ids: torch.Tensor,
-        settings: GenerationSettings,
-        stats: GenerationStats,
-        budget: int,
-        constraint: TokenConstraint | None = None,
-    ):
-        """Queue a request; returns an iterator of its token ids. Closing the iterator cancels it.
+    def submit(self, request: DecodeRequest, budget: int, constraint: TokenConstraint | None = None) -> Iterator[int]:
+        """Queue ``request`` (at most ``budget`` tokens); returns an iterator of its token ids. Closing the
+        iterator cancels it.
 
         ``constraint`` is the request's grammar state (:func:`polykv_agents.sampling.settings.token_constraint`),
         built by the caller, outside any lock: compiling a grammar can take a while.
         """
-        request = _Request(prompt_ids, settings, budget, stats, settings.make_generator(), constraint)
+        settings = request.settings
+        row = _Request(request.prompt_ids, settings, budget, request.stats, settings.make_generator(), constraint)
         with self._wake:
             if self._closed:
-                msg = "this scheduler is closed; submit through polykv_agents.runtime.scheduler.submit(...)"
+                msg = "this scheduler is closed; submit through a SchedulerTable (an Engine's), which starts a new one"
                 raise RuntimeError(msg)
-            self._inbox.put(request)
+            self._inbox.put(row)
             self._wake.notify()
-        return self._tokens(request)
+        return self._tokens(row)
 
     @staticmethod
     def _tokens(request: _Request) -> Iterator[int]:
@@ -237,8 +230,8 @@ class BatchScheduler:
             logits = self.model(
                 input_ids=ids.to(self.model.device),
                 position_ids=positions.to(self.model.device),
-                cache=cache,
                 use_cache=True,
+                **{cache_keyword(self.model): cache},
                 logits_to_keep=1,
                 cascade=context,
             ).logits
@@ -303,79 +296,3 @@ class BatchScheduler:
         self.peak_suffix_nbytes = max(self.peak_suffix_nbytes, self._cache.nbytes)
         for row, request in enumerate(self._rows):
             self._emit(request, logits[row])
-
-
-# The documented process-wide registry of schedulers: model -> {(pool digest, residency): scheduler}.
-# Lock order: _SCHEDULERS_LOCK, then a scheduler's own condition (submit and retirement both follow it).
-_SCHEDULERS: weakref.WeakKeyDictionary[PreTrainedModel, dict[tuple[str, str], BatchScheduler]] = (
-    weakref.WeakKeyDictionary()
-)
-_SCHEDULERS_LOCK = threading.Lock()
-
-
-@atexit.register
-def close_all_schedulers() -> None:
-    """Stop every worker thread; runs at interpreter exit, where a thread still inside torch would abort
-    the process instead of letting it exit cleanly."""
-    with _SCHEDULERS_LOCK:
-        schedulers = [s for per_model in _SCHEDULERS.values() for s in per_model.values()]
-        _SCHEDULERS.clear()
-    for scheduler in schedulers:
-        scheduler.close()
-
-
-def _retire(model: PreTrainedModel, key: tuple[str, str], scheduler: BatchScheduler) -> bool:
-    with _SCHEDULERS_LOCK:
-        if not scheduler.close_if_idle():
-            return False
-        per_model = _SCHEDULERS.get(model, {})
-        if per_model.get(key) is scheduler:
-            del per_model[key]
-    logger.debug("scheduler for pool %s retired after %.0f s idle", key[0][:12], scheduler.idle_seconds or 0)
-    return True
-
-
-def _registered(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pool: SharedKVPool, residency: Residency
-) -> BatchScheduler:
-    """The live scheduler for ``(model, pool, residency)``, started if there is none; hold ``_SCHEDULERS_LOCK``."""
-    key = (pool.digest, residency)
-    per_model = _SCHEDULERS.setdefault(model, {})
-    if key not in per_model:
-
-        def on_idle(scheduler: BatchScheduler) -> bool:
-            return _retire(model, key, scheduler)
-
-        per_model[key] = BatchScheduler(model, tokenizer, pool, residency=residency, on_idle=on_idle)
-    return per_model[key]
-
-
-def scheduler_for(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pool: SharedKVPool, residency: Residency
-) -> BatchScheduler:
-    """The one scheduler that batches every request over ``pool`` on ``model`` (until it retires)."""
-    with _SCHEDULERS_LOCK:
-        return _registered(model, tokenizer, pool, residency)
-
-
-def submit(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    pool: SharedKVPool,
-    residency: Residency,
-    prompt_ids: torch.Tensor,
-    settings: GenerationSettings,
-    stats: GenerationStats,
-    budget: int,
-) -> Iterator[int]:
-    """Queue a request on the pool's scheduler; returns its token ids. Under the registry lock, so the
-    scheduler cannot retire between being looked up and receiving the request."""
-    constraint = token_constraint(model, tokenizer, settings)  # outside the lock; a bad grammar fails here
-    with _SCHEDULERS_LOCK:
-        return _registered(model, tokenizer, pool, residency).submit(prompt_ids, settings, stats, budget, constraint)
-
-
-def live_scheduler_count() -> int:
-    """Schedulers (and so worker threads and decoded prefixes) alive in the process-wide registry."""
-    with _SCHEDULERS_LOCK:
-        return sum(len(per_model) for per_model in _SCHEDULERS.values())

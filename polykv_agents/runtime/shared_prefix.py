@@ -1,6 +1,6 @@
 """The document prefix as every concurrent agent reads it at run time: one copy, never per agent.
 
-Residency is a choice between speed and memory, measured in benchmarks/agents.py:
+Residency is a choice between speed and memory, measured by ``polykv-agents bench agents``:
 
 - ``decompressed``: every layer is decoded from the pool once, in the model's dtype, and kept. All
   agents read those tensors; nothing is copied per agent or per step.

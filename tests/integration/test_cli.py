@@ -79,16 +79,17 @@ def test_empty_document_is_a_clean_error(smollm, tmp_path):
     assert "Traceback" not in result.output
 
 
-def test_bench_agents_json_has_the_documented_keys(smollm, text_file):
+def test_bench_agents_json_has_the_documented_keys(smollm, text_file, tmp_path):
     result = runner.invoke(
         app,
         [
             "bench", "agents", "--document", str(text_file), "--agents", "3", "--context-tokens", "128",
-            "--max-new-tokens", "4", "--repetitions", "1", "--json",
+            "--max-new-tokens", "4", "--repetitions", "1", "--out", str(tmp_path), "--json",
         ],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     row = json.loads(result.stdout)
+    assert json.loads((tmp_path / f"agents_{row['context_tokens']}.json").read_text()) == row  # what render reads
     for key in (
         "kv_bytes_pooled_peak",
         "kv_bytes_naive_peak",

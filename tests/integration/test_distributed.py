@@ -12,16 +12,19 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
+# Without the ray extra these tests are reported as skipped, with this reason (the imports below need Ray).
+pytest.importorskip("ray", reason='needs Ray, the ray extra: pip install "polykv-agents[ray]"')
+
 import ray
 from langchain_core.messages import HumanMessage, SystemMessage
 from ray.cluster_utils import Cluster
 
 from graphs import role_swarm
-from polykv_agents import CompressionConfig, load_model
+from polykv_agents import CompressionConfig, default_engine, load_model
 from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.distributed import RayChatPolyKV, RayCluster
 from polykv_agents.distributed.directory import DIRECTORY_NAME, pool_directory
-from polykv_agents.pool.registry import POOL_REGISTRY
 
 MIB = 2**20
 NODE = {"num_cpus": 2, "object_store_memory": 96 * MIB, "node_ip_address": "127.0.0.1"}
@@ -73,7 +76,7 @@ def local_answers(
     model_dir: str, batch: list[list], max_tokens: int, config: CompressionConfig | None = None
 ) -> list[str]:
     model, tokenizer = load_model(model_dir)
-    pool = POOL_REGISTRY.get_or_build(model, tokenizer, DOCUMENT, config=config)
+    pool = default_engine().pools.get_or_build(model, tokenizer, DOCUMENT, config=config)
     chat = ChatPolyKV(model=model_dir, max_tokens=max_tokens).with_pool(pool)
     return [chat.invoke(messages).content for messages in batch]
 

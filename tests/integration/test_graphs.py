@@ -30,10 +30,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # `graphs` lives at the repository root, outside the package
 
 from graphs import document_review, role_swarm  # noqa: E402
+from polykv_agents import default_engine  # noqa: E402
 from polykv_agents.chat.chat_model import ChatPolyKV  # noqa: E402
 from polykv_agents.graph.prefetch import PrefetchDocument  # noqa: E402
 from polykv_agents.pool.handle import PoolHandle  # noqa: E402
-from polykv_agents.pool.registry import POOL_REGISTRY, PoolNotFoundError  # noqa: E402
+from polykv_agents.pool.registry import PoolNotFoundError  # noqa: E402
 
 pytestmark = pytest.mark.real_model
 
@@ -103,11 +104,11 @@ def run_graph(name: str, roles: list[str], tag: str) -> Run:
     checkpointer = InMemorySaver()
     graph = GRAPHS[name].build_graph(max_tokens=MAX_TOKENS, checkpointer=checkpointer)
     config = {"configurable": {"thread_id": tag}}
-    builds_before = POOL_REGISTRY.build_count
+    builds_before = default_engine().pools.build_count
     started = time.perf_counter()
     result = graph.invoke(inputs(name, tag, roles), config)
     seconds = time.perf_counter() - started
-    return Run(name, roles, graph, checkpointer, config, result, POOL_REGISTRY.build_count - builds_before, seconds)
+    return Run(name, roles, graph, checkpointer, config, result, default_engine().pools.build_count - builds_before, seconds)
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +155,7 @@ def test_pool_is_built_once_and_every_role_reads_all_of_it(runs, name, n_roles):
 
     assert isinstance(handle, PoolHandle)
     assert run.builds == 1
-    assert POOL_REGISTRY.builds_by_digest[handle.digest] == 1
+    assert default_engine().pools.builds_by_digest[handle.digest] == 1
     assert handle.num_tokens > 50  # the whole chat-templated document
 
     assert len(run.records) == n_roles
@@ -204,11 +205,11 @@ def test_checkpoint_holds_the_pool_handle_and_no_tensors(runs, name):
 def test_second_run_over_the_same_document_reuses_the_pool(runs, name):
     first = runs(name, 3)
     graph = GRAPHS[name].build_graph(max_tokens=MAX_TOKENS)  # another graph, no checkpointer, other roles
-    builds_before = POOL_REGISTRY.build_count
+    builds_before = default_engine().pools.build_count
     result = graph.invoke(inputs(name, f"{name}-3-roles", roles=first.roles[:1]))
-    assert POOL_REGISTRY.build_count == builds_before
+    assert default_engine().pools.build_count == builds_before
     assert result["pool"] == first.handle
-    assert POOL_REGISTRY.builds_by_digest[first.handle.digest] == 1
+    assert default_engine().pools.builds_by_digest[first.handle.digest] == 1
     assert result[RECORDS[name]][0]["cache_read"] == first.handle.num_tokens
 
 
@@ -266,10 +267,10 @@ def test_stream_messages_yields_tokens_from_each_parallel_role(runs):
 )
 def test_bad_role_lists_are_refused_before_any_prefill(name, roles, match):
     graph = GRAPHS[name].build_graph(max_tokens=MAX_TOKENS)
-    builds_before = POOL_REGISTRY.build_count
+    builds_before = default_engine().pools.build_count
     with pytest.raises(ValueError, match=match):
         graph.invoke(inputs(name, "bad-roles", roles))
-    assert POOL_REGISTRY.build_count == builds_before
+    assert default_engine().pools.build_count == builds_before
 
 
 def test_role_swarm_refuses_a_blank_question():
@@ -303,15 +304,16 @@ def test_unknown_pool_is_not_found_without_a_document(runs):
     other = [{"role": "user", "content": "Another text."}]
     with pytest.raises(ValueError, match=r"is not the one it was built from"):
         ChatPolyKV(max_tokens=MAX_TOKENS).with_pool(unknown, document=other).invoke(messages)
-    assert "0" * 64 not in POOL_REGISTRY.builds_by_digest
+    assert "0" * 64 not in default_engine().pools.builds_by_digest
 
 
 def test_importing_the_graph_modules_loads_no_model():
     # A fresh interpreter: importing builds both exported graphs, which must not load weights (chat models
     # load on their first call), so `langgraph dev` starts quickly.
     code = (
-        "import graphs.document_review, graphs.role_swarm, graphs.document_agent; from polykv_agents.model import loading as models; "
-        "assert models._LOADED == {}, models._LOADED; "
+        "import graphs.document_review, graphs.role_swarm, graphs.document_agent; "
+        "from polykv_agents import default_engine; "
+        "assert len(default_engine().models) == 0, default_engine().models; "
         "print(graphs.document_review.graph.name, graphs.role_swarm.graph.name, graphs.document_agent.graph.name)"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -361,9 +363,9 @@ def test_example_stream_parallel_nodes(smollm, capsys):
 
 
 def test_example_async_roles(smollm, capsys):
-    builds_before = POOL_REGISTRY.build_count
+    builds_before = default_engine().pools.build_count
     out = example("async_roles")(roles=["analyst", "skeptic"], max_tokens=4, document=document("example-async"))
-    assert POOL_REGISTRY.build_count - builds_before == 1  # abatch built it, ainvoke reused it
+    assert default_engine().pools.build_count - builds_before == 1  # abatch built it, ainvoke reused it
     assert set(out["batch"]) == {"analyst", "skeptic"}
     # The graph's branches ran the same greedy calls as the batch: same texts.
     assert {a["role"]: a["text"] for a in out["graph"]["answers"]} == out["batch"]

@@ -12,13 +12,11 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 from tiny_models import tiny_llama, tiny_tokenizer
 
-from polykv_agents import SharedKVPool, load_model
+from polykv_agents import Engine, SharedKVPool, load_model
 from polykv_agents.bench.load import load_cases, run_load
 from polykv_agents.bench.soak import growth, run_soak
 from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.pool.handle import PoolHandle
-from polykv_agents.pool.registry import POOL_REGISTRY
-from polykv_agents.runtime import scheduler as schedulers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `graphs`
 
@@ -52,19 +50,18 @@ def test_200_concurrent_calls_from_threads_and_asyncio_each_get_their_answer_alo
 
 
 @pytest.fixture
-def soak_settings(monkeypatch):
+def soak_engine():
     """A small pool budget and a short scheduler idle time, so that 300 runs reach the steady state."""
-    budget = POOL_REGISTRY.max_bytes
-    monkeypatch.setattr(schedulers.BatchScheduler, "idle_seconds", 0.5)
-    POOL_REGISTRY.max_bytes = 2 * 1024 * 1024
-    yield
-    POOL_REGISTRY.max_bytes = budget
+    engine = Engine(max_pool_bytes=2 * 1024 * 1024, scheduler_idle_seconds=0.5)
+    yield engine
+    engine.close()
 
 
-def test_300_workflow_runs_keep_memory_tensors_and_threads_bounded(tiny_model_dir, tmp_path, soak_settings):
+def test_300_workflow_runs_keep_memory_tensors_and_threads_bounded(tiny_model_dir, tmp_path, soak_engine):
     conn = sqlite3.connect(tmp_path / "threads.sqlite", check_same_thread=False)
     saver = SqliteSaver(conn, serde=JsonPlusSerializer(allowed_msgpack_modules=[PoolHandle]))
-    graph = role_swarm.build_graph(chat=ChatPolyKV(model=tiny_model_dir, max_tokens=6), checkpointer=saver)
+    chat = ChatPolyKV(model=tiny_model_dir, max_tokens=6)
+    graph = role_swarm.build_graph(chat=chat, checkpointer=saver, engine=soak_engine)
 
     def invoke(run: int):
         state = {"document": f"{DOC}\nCopy {run}.", "question": "What is shared?", "roles": ROLES[:3]}

@@ -260,9 +260,9 @@ async def test_cancelling_one_astream_task_frees_its_row_and_others_get_their_so
     submitted = []  # (GenerationStats, budget) of every request, in submission order
     original_submit = BatchScheduler.submit
 
-    def recording_submit(self, prompt_ids, settings, stats, budget, *args, **kwargs):
-        submitted.append((stats, budget))
-        return original_submit(self, prompt_ids, settings, stats, budget, *args, **kwargs)
+    def recording_submit(self, request, budget, *args, **kwargs):
+        submitted.append((request.stats, budget))
+        return original_submit(self, request, budget, *args, **kwargs)
 
     monkeypatch.setattr(BatchScheduler, "submit", recording_submit)
 

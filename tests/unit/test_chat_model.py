@@ -8,11 +8,10 @@ import threading
 import pytest
 from langchain_core.messages import AIMessageChunk, FunctionMessage, HumanMessage, SystemMessage
 
-from polykv_agents import SharedKVPool, load_model
+from polykv_agents import SharedKVPool, default_engine, load_model
 from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.model import loading as models_module
 from polykv_agents.pool.handle import PoolHandle
-from polykv_agents.pool.registry import POOL_REGISTRY
 
 DOC = "Shared caches let many agents read one document. Values use a rotated three-bit codebook. " * 6
 MESSAGES = [SystemMessage("You are the critic."), HumanMessage("What do values use?")]
@@ -30,7 +29,7 @@ def pool(tiny_model_dir) -> SharedKVPool:
 
 
 def test_constructing_loads_nothing(monkeypatch):
-    monkeypatch.setattr(models_module, "_load_uncached", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(models_module, "load_model_uncached", lambda *a, **k: pytest.fail("a model was loaded"))
     ChatPolyKV(model="some/never-loaded-model", max_tokens=5).with_pool(
         PoolHandle.model_construct(digest="0" * 64)  # a handle is only resolved at call time
     )
@@ -84,7 +83,7 @@ def test_multi_token_stop_sequences_work_streaming_and_not(chat, pool):
 
 def test_with_pool_registers_a_pool_object(chat, pool):
     bound = chat.with_pool(pool)
-    assert bound.pool.digest == pool.digest and POOL_REGISTRY.get(pool.digest) is pool
+    assert bound.pool.digest == pool.digest and default_engine().pools.get(pool.digest) is pool
     assert chat.pool is None  # with_pool returns a copy
 
 

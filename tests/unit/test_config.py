@@ -1,11 +1,29 @@
-"""CompressionConfig / CodecConfig: defaults, presets, validation messages, labels, persistence."""
+"""CompressionConfig / CodecConfig: defaults, presets, validation messages, labels, persistence, digests."""
 
 from __future__ import annotations
 
 import pydantic
 import pytest
+import torch
 
-from polykv_agents.config import PRESETS, SUPPORTED_BITS, CodecConfig, CompressionConfig
+from polykv_agents.codecs.full_precision import FullPrecisionCodec
+from polykv_agents.codecs.int_linear import IntLinearCodec
+from polykv_agents.codecs.turboquant import TurboQuantCodec
+from polykv_agents.config import (
+    CODEC_CONFIGS,
+    CODEC_METHODS,
+    PRESETS,
+    SEED_MAX,
+    CodecConfig,
+    CompressionConfig,
+    FullPrecisionCodecConfig,
+    IntCodecConfig,
+    TurboQuantCodecConfig,
+    codec_config_class,
+    describe_codecs,
+)
+from polykv_agents.model.fingerprint import ModelFingerprint
+from polykv_agents.pool.shared_pool import pool_digest
 
 
 def test_defaults_are_int8_channel_keys_and_tq3_values() -> None:
@@ -55,11 +73,14 @@ def test_from_options_validates() -> None:
         CompressionConfig.from_options(value_bits=5)
 
 
-def test_none_method_always_reports_16_bits() -> None:
-    """For full precision the bit width is meaningless and forced to 16, whatever was passed."""
+def test_none_method_reports_16_bits_and_refuses_others() -> None:
+    """For full precision the bit width is reported as 16; another width is a mistake, not a setting."""
     assert CodecConfig(method="none").bits == 16
-    assert CodecConfig(method="none", bits=4).bits == 16
     assert CodecConfig(method="none").label() == "full"
+    with pytest.raises(
+        pydantic.ValidationError, match=r"bits=4 is not supported for method='none'; choose one of \[16\]"
+    ):
+        CodecConfig(method="none", bits=4)
 
 
 def test_configs_are_frozen() -> None:
@@ -89,7 +110,7 @@ def test_unsupported_bits_name_the_problem(method: str, bits: int) -> None:
     message = str(info.value)
     assert f"bits={bits}" in message
     assert repr(method) in message
-    assert str(list(SUPPORTED_BITS[method])) in message
+    assert str(list(codec_config_class(method).supported_bits)) in message
 
 
 def test_turboquant_error_lists_allowed_bits() -> None:
@@ -184,7 +205,7 @@ def test_json_is_validated_on_load() -> None:
 
 
 def test_turboquant_without_bits_gets_a_supported_default() -> None:
-    assert CodecConfig(method="turboquant").bits in SUPPORTED_BITS["turboquant"]
+    assert CodecConfig(method="turboquant").bits in TurboQuantCodecConfig.supported_bits
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -203,3 +224,169 @@ def test_presets_are_what_their_names_promise():
 def test_an_unknown_preset_names_the_known_ones():
     with pytest.raises(ValueError, match="default, paper, max, full"):
         CompressionConfig.preset("tiny")
+
+
+# ---------------------------------------------------------------- one config class per codec
+
+
+@pytest.mark.parametrize(
+    ("fields", "config_class"),
+    [
+        ({"method": "int", "bits": 4, "granularity": "token"}, IntCodecConfig),
+        ({"method": "turboquant", "bits": 2, "rotation": False}, TurboQuantCodecConfig),
+        ({"method": "none"}, FullPrecisionCodecConfig),
+    ],
+)
+def test_codec_config_validates_into_the_codec_s_own_class(fields: dict, config_class: type) -> None:
+    """``CodecConfig(method=...)`` (the flat constructor of old) returns the codec's own class, equal to
+    constructing that class directly; every codec config is a ``CodecConfig``."""
+    config = CodecConfig(**fields)
+    assert type(config) is config_class
+    assert isinstance(config, CodecConfig)
+    assert config == config_class(**fields)
+    assert CompressionConfig(keys=fields).keys == config  # a dict for a field picks the class the same way
+    assert CodecConfig.model_validate(fields) == config == CodecConfig.model_validate_json(config.model_dump_json())
+
+
+@pytest.mark.parametrize(
+    ("fields", "owner"),
+    [
+        ({"method": "turboquant", "granularity": "token"}, "'int'"),
+        ({"method": "turboquant", "granularity": "channel"}, "'int'"),  # even the value that used to be ignored
+        ({"method": "int", "rotation": False}, "'turboquant'"),
+        ({"method": "int", "random_signs": True}, "'turboquant'"),
+        ({"method": "none", "granularity": "tensor"}, "'int'"),
+    ],
+)
+def test_a_setting_of_another_codec_names_the_field_and_the_fix(fields: dict, owner: str) -> None:
+    """The flat config of old silently ignored settings of other methods; now they are refused."""
+    name = next(k for k in fields if k != "method")
+    with pytest.raises(pydantic.ValidationError) as info:
+        CodecConfig(**fields)
+    message = str(info.value)
+    assert f"{name}={fields[name]!r} does not apply to method={fields['method']!r}" in message
+    assert f"only to method {owner}; remove {name}, or choose that method" in message
+
+
+def test_from_options_leaves_unset_options_to_the_codec() -> None:
+    """``None`` (the command line's default) means the codec's own default, so ``--key-method
+    turboquant`` alone is valid, and a granularity given for TurboQuant is refused, not dropped."""
+    assert CompressionConfig.from_options(key_method="turboquant").keys == TurboQuantCodecConfig(bits=3)
+    assert CompressionConfig.from_options(key_method="none", value_method="none") == CompressionConfig.full_precision()
+    with pytest.raises(pydantic.ValidationError, match="granularity='token' does not apply to method='turboquant'"):
+        CompressionConfig.from_options(key_method="turboquant", key_granularity="token")
+
+
+@pytest.mark.parametrize(
+    ("config", "codec_class", "attributes"),
+    [
+        (IntCodecConfig(bits=4, granularity="token"), IntLinearCodec, {"bits": 4, "granularity": "token"}),
+        (
+            TurboQuantCodecConfig(bits=2, rotation=True, random_signs=False),
+            TurboQuantCodec,
+            {"bits": 2, "rotation": True, "random_signs": False, "seed": 11},
+        ),
+        (FullPrecisionCodecConfig(), FullPrecisionCodec, {}),
+    ],
+)
+def test_each_config_builds_its_codec(config: CodecConfig, codec_class: type, attributes: dict) -> None:
+    codec = config.build(seed=11)
+    assert type(codec) is codec_class
+    assert codec.name == config.method
+    assert {name: getattr(codec, name) for name in attributes} == attributes
+
+
+def test_the_registration_lists_every_codec_once() -> None:
+    """Methods, help text and decoding all read the one union; each codec's name is its method."""
+    assert CODEC_METHODS == ("int", "turboquant", "none")
+    assert [c.codec_class().name for c in CODEC_CONFIGS] == list(CODEC_METHODS)
+    assert describe_codecs() == (
+        "int (bits 2-8, default 8; granularity: tensor, channel, token); "
+        "turboquant (bits 2-4, default 3); none (bits 16)"
+    )
+    with pytest.raises(ValueError, match="unknown codec method 'zstd'; choose one of int, turboquant, none"):
+        codec_config_class("zstd")
+
+
+# ---------------------------------------------------------------- stable dumps and digests
+
+# Recorded before the per-codec classes replaced the flat CodecConfig (pool format 1). A pool's digest
+# hashes this dump: changing it orphans every stored pool, so it needs a FORMAT_VERSION bump instead.
+_FORMAT_1_DUMPS = {
+    "default": '{"keys":{"method":"int","bits":8,"granularity":"channel","rotation":true,"random_signs":true},'
+    '"values":{"method":"turboquant","bits":3,"granularity":"channel","rotation":true,"random_signs":true},"seed":0}',
+    "paper": '{"keys":{"method":"int","bits":8,"granularity":"tensor","rotation":true,"random_signs":true},'
+    '"values":{"method":"turboquant","bits":3,"granularity":"channel","rotation":true,"random_signs":true},"seed":0}',
+    "max": '{"keys":{"method":"turboquant","bits":4,"granularity":"channel","rotation":true,"random_signs":true},'
+    '"values":{"method":"turboquant","bits":3,"granularity":"channel","rotation":true,"random_signs":true},"seed":0}',
+    "full": '{"keys":{"method":"none","bits":16,"granularity":"channel","rotation":true,"random_signs":true},'
+    '"values":{"method":"none","bits":16,"granularity":"channel","rotation":true,"random_signs":true},"seed":0}',
+}
+_FORMAT_1_DIGESTS = {
+    "default": "462ac2b0e8635bd598ea91ada5ed692e8c3fa089135580741551a197bdd43333",
+    "paper": "31dccc3244b8b473a2846db550f22ca4bb9e09c20bd719357fd564c95d033ca3",
+    "max": "60dba2fb34640f8a86d5416f4259c35b0c2d220c3d12ec42fa14d492cfc61fde",
+    "full": "a81aeea46619068e495bec1ea8cbb1ae3965851731e95252307ef47c2153e0e9",
+}
+_FINGERPRINT = ModelFingerprint(
+    name="m", architecture="A", num_layers=2, num_kv_heads=1, head_dim=8, dtype="float32", vocab_size=10,
+    weights_sha="w", tokenizer_sha="t",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_dumps_and_digests_are_pinned(name: str) -> None:
+    """Each preset dumps exactly as before, so pools saved before keep their digests and file names."""
+    config = CompressionConfig.preset(name)
+    assert config.model_dump_json() == _FORMAT_1_DUMPS[name]
+    assert pool_digest(_FINGERPRINT, config, torch.arange(5), chat_prefix=False) == _FORMAT_1_DIGESTS[name]
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_a_format_1_record_reads_back_as_the_same_config(name: str) -> None:
+    """The stored layout carries every codec's fields; read back, the inert ones are dropped."""
+    config = CompressionConfig.model_validate_json(_FORMAT_1_DUMPS[name])
+    assert config == CompressionConfig.preset(name)
+    assert CodecConfig(**config.values.model_dump()) == config.values
+
+
+def test_a_format_1_record_with_a_live_foreign_setting_is_refused() -> None:
+    """Only the inert defaults of other codecs' fields are dropped; anything else was a mistake."""
+    text = _FORMAT_1_DUMPS["default"].replace('"bits":3,"granularity":"channel"', '"bits":3,"granularity":"token"')
+    with pytest.raises(pydantic.ValidationError, match="granularity='token' does not apply to method='turboquant'"):
+        CompressionConfig.model_validate_json(text)
+
+
+# ---------------------------------------------------------------- seed range
+
+
+def test_the_largest_seed_builds_both_codecs() -> None:
+    """Values are rotated with ``seed + 1``: at the bound both rotations still exist."""
+    config = CompressionConfig(keys=TurboQuantCodecConfig(), seed=SEED_MAX)
+    x = torch.randn(1, 1, 2, 8)  # [batch, kv_heads, tokens, head_dim]
+    for codec in (config.keys.build(config.seed), config.values.build(config.seed + 1)):
+        assert codec.decode(codec.encode(x)).shape == x.shape
+
+
+@pytest.mark.parametrize("seed", [SEED_MAX + 1, 2**63, -1])
+def test_a_seed_out_of_range_is_refused_at_construction(seed: int) -> None:
+    with pytest.raises(
+        pydantic.ValidationError, match=rf"seed={seed} is out of range; choose a seed in 0..2\*\*63 - 2"
+    ):
+        CompressionConfig(seed=seed)
+    with pytest.raises(pydantic.ValidationError, match="out of range"):
+        CompressionConfig.paper().with_seed(seed)
+
+
+def test_with_seed_keeps_the_codecs() -> None:
+    paper = CompressionConfig.paper()
+    assert paper.with_seed(5) == CompressionConfig(keys=paper.keys, values=paper.values, seed=5) != paper
+
+
+def test_a_pool_builds_at_the_largest_seed(tiny_model, tiny_tok) -> None:
+    """The pool rotates keys with ``seed`` and values with ``seed + 1``: the bound leaves room for both."""
+    from polykv_agents import SharedKVPool
+
+    config = CompressionConfig.max_compression().with_seed(SEED_MAX)
+    pool = SharedKVPool.prefill(tiny_model, tiny_tok, "A short document about shared caches.", config=config)
+    assert pool.layers[0].values.params["seed"] == SEED_MAX + 1

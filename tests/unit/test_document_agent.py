@@ -15,9 +15,9 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from tiny_models import tiny_llama, tiny_tokenizer
 
 from graphs import document_agent
+from polykv_agents import default_engine
 from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.graph.middleware import DocumentPoolMiddleware
-from polykv_agents.pool.registry import POOL_REGISTRY
 
 DOCUMENT = (
     "# Register\n\nDrought is the first risk: the reservoir fell to 41 percent.\n\n"
@@ -70,14 +70,14 @@ def test_a_loop_that_never_stops_calling_tools_ends_at_its_limit(chat):
             ModelCallLimitMiddleware(run_limit=3, exit_behavior="end"),
         ],
     )
-    builds_before = POOL_REGISTRY.build_count
+    builds_before = default_engine().pools.build_count
     state = ask(agent, "limit")
     final = state["messages"][-1]
     assert isinstance(final, AIMessage) and final.text == "Model call limits exceeded: run limit (3/3)"
     calls = model_calls(state)
     assert len(calls) == 3 and all(m.tool_calls for m in calls)
     assert sum(isinstance(m, ToolMessage) for m in state["messages"]) == 3
-    assert POOL_REGISTRY.build_count - builds_before == 1
+    assert default_engine().pools.build_count - builds_before == 1
     assert {m.usage_metadata["input_token_details"]["cache_read"] for m in calls} == {state["pool"].num_tokens}
 
 
@@ -103,9 +103,9 @@ def test_a_second_question_in_a_checkpointed_thread_reuses_the_pool(chat, tmp_pa
         agent = document_agent.build_graph(chat=chat, max_model_calls=2, checkpointer=saver)
         config = {"configurable": {"thread_id": "t1"}}
         first = ask(agent, "thread", **config)
-        builds_before = POOL_REGISTRY.build_count
+        builds_before = default_engine().pools.build_count
         second = agent.invoke({"messages": [HumanMessage("And the second risk?")]}, config)
-        assert POOL_REGISTRY.build_count == builds_before
+        assert default_engine().pools.build_count == builds_before
         assert second["pool"] == first["pool"]
         assert len(second["messages"]) > len(first["messages"])
 

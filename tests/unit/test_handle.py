@@ -110,3 +110,15 @@ def test_handle_survives_a_checkpointed_graph(handle):
     assert values["pool"] is not handle  # it went through the checkpoint's serializer
     assert PoolHandle.model_validate(values["pool"]) == handle
     assert values["seen"] == ["prefetch", handle.digest]
+
+
+def test_a_checkpoint_written_with_the_old_module_path_still_loads(handle, monkeypatch):
+    """Checkpoints before 0.2 name the class ``polykv_agents.handle.PoolHandle``; that path stays importable."""
+    serde = JsonPlusSerializer()
+    with monkeypatch.context() as patch:  # write the checkpoint as the old layout did
+        patch.setattr(PoolHandle, "__module__", "polykv_agents.handle")
+        old = serde.dumps_typed(handle)
+    assert b"polykv_agents.handle" in old[1] and b"polykv_agents.pool.handle" not in old[1]
+    restored = serde.loads_typed(old)
+    assert isinstance(restored, PoolHandle)
+    assert restored == handle

@@ -1,26 +1,64 @@
-"""The prefetch node on a tiny local checkpoint: one build per document, handles, and the baseline mode."""
+"""The prefetch node on a tiny local checkpoint: one build per document, handles, engines, and the baseline."""
 
 from __future__ import annotations
 
-import pytest
+from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+from langchain_core.messages import HumanMessage, SystemMessage
+
+from polykv_agents import Engine, default_engine
+from polykv_agents.bench.baselines import ReprefillDocument
 from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.graph.prefetch import PrefetchDocument
-from polykv_agents.pool.registry import PoolRegistry
 from polykv_agents.pool.store import PoolStore
 
 DOC = "The review covers budgets, staffing and the reservoir programme. " * 5
 
 
 def test_builds_once_and_binds_role_chats_to_the_pool(tiny_model_dir):
-    registry = PoolRegistry()
-    prefetch = PrefetchDocument(ChatPolyKV(model=tiny_model_dir, max_tokens=4), registry=registry)
+    engine = Engine()
+    prefetch = PrefetchDocument(ChatPolyKV(model=tiny_model_dir, max_tokens=4), engine=engine)
     state = {"document": DOC}
     state.update(prefetch(state))
     prefetch(state)  # a second run over the same document
-    assert registry.build_count == 1
+    assert engine.pools.build_count == 1
     reply = prefetch.pooled_chat(state).invoke("Summarise.")
     assert reply.usage_metadata["input_token_details"]["cache_read"] == state["pool"].num_tokens
+
+
+def _global_state() -> tuple[int, int, int, int]:
+    engine = default_engine()
+    return len(engine.models), len(engine.pools), engine.pools.build_count, len(engine.schedulers)
+
+
+def test_a_custom_engine_serves_a_whole_run_and_touches_nothing_global(tiny_model_dir):
+    """Prefetch into an engine, then 15 parallel role calls: one pool built, all in that engine."""
+    before = _global_state()
+    engine = Engine()
+    prefetch = PrefetchDocument(ChatPolyKV(model=tiny_model_dir, max_tokens=5), engine=engine)
+    state = {"document": DOC, **prefetch({"document": DOC})}
+
+    def role_call(i: int):
+        return prefetch.invoke_role(state, f"role{i}", [SystemMessage(f"You are analyst {i}."), HumanMessage("Go.")])
+
+    with ThreadPoolExecutor(15) as executor:
+        replies = list(executor.map(role_call, range(15)))
+    assert all(r.usage_metadata["input_token_details"]["cache_read"] == state["pool"].num_tokens for r in replies)
+    assert engine.pools.build_count == 1 and len(engine.pools) == 1
+    assert len(engine.models) == 1 and len(engine.schedulers) == 1
+    assert _global_state() == before
+    engine.close()
+    assert len(engine.schedulers) == 0
+
+
+def test_an_engine_given_to_the_node_is_the_one_its_chat_model_uses(tiny_model_dir):
+    engine = Engine()
+    chat = ChatPolyKV(model=tiny_model_dir)
+    prefetch = PrefetchDocument(chat, engine=engine)
+    assert prefetch.engine is engine and prefetch.chat.engine is engine
+    assert chat.engine is None  # the caller's chat model is not changed
+    assert PrefetchDocument(ChatPolyKV(model=tiny_model_dir, engine=engine)).engine is engine
 
 
 def test_a_role_before_the_prefetch_node_is_a_clear_error(tiny_model_dir):
@@ -31,21 +69,21 @@ def test_a_role_before_the_prefetch_node_is_a_clear_error(tiny_model_dir):
 
 def test_a_store_always_receives_the_pool_its_handle_names(tiny_model_dir, tmp_path):
     """A pool first built without a store is saved when a node with a store hands out its handle."""
-    registry = PoolRegistry()
+    engine = Engine()
     chat = ChatPolyKV(model=tiny_model_dir)
-    PrefetchDocument(chat, registry=registry)({"document": DOC})
-    handle = PrefetchDocument(chat, registry=registry, store=tmp_path)({"document": DOC})["pool"]
+    PrefetchDocument(chat, engine=engine)({"document": DOC})
+    handle = PrefetchDocument(chat, engine=engine, store=tmp_path)({"document": DOC})["pool"]
     assert handle.digest in PoolStore(tmp_path)
-    assert registry.build_count == 1
+    assert engine.pools.build_count == 1
 
 
-def test_baseline_mode_builds_nothing_and_prefills_the_document_on_every_call(tiny_model_dir):
-    registry = PoolRegistry()
-    pooled = PrefetchDocument(ChatPolyKV(model=tiny_model_dir, max_tokens=6), registry=registry)
-    baseline = PrefetchDocument(ChatPolyKV(model=tiny_model_dir, max_tokens=6), registry=registry, share_pool=False)
+def test_the_baseline_builds_nothing_and_prefills_the_document_on_every_call(tiny_model_dir):
+    engine = Engine()
+    pooled = PrefetchDocument(ChatPolyKV(model=tiny_model_dir, max_tokens=6), engine=engine)
+    baseline = ReprefillDocument(ChatPolyKV(model=tiny_model_dir, max_tokens=6), engine=engine)
     state = {"document": DOC}
     assert baseline(state) == {"pool": None}
-    assert registry.build_count == 0
+    assert engine.pools.build_count == 0
     reply = baseline.pooled_chat(state).invoke("Summarise.")
     usage = reply.usage_metadata
     assert usage["input_token_details"]["cache_read"] == 0
@@ -53,3 +91,5 @@ def test_baseline_mode_builds_nothing_and_prefills_the_document_on_every_call(ti
     pooled_reply = pooled.pooled_chat(pooled_state).invoke("Summarise.")
     # The baseline runs the same tokens through the model that the pooled call reads from its pool.
     assert usage["input_tokens"] == pooled_reply.usage_metadata["input_tokens"]
+    with pytest.raises(ValueError, match="no pooled model"):
+        baseline.pooled_model(state)

@@ -10,9 +10,9 @@ import pytest
 import torch
 from tiny_models import tiny_llama
 
-from polykv_agents import CompressionConfig, SharedKVPool
+from polykv_agents import CompressionConfig, SharedKVPool, default_engine
 from polykv_agents.pool.handle import PoolHandle
-from polykv_agents.pool.registry import POOL_REGISTRY, PoolNotFoundError, PoolRegistry
+from polykv_agents.pool.registry import PoolNotFoundError, PoolRegistry
 from polykv_agents.pool.store import PoolFileError, PoolStore
 
 DOC = "Planner, critic, summarizer: shared caches let many agents read one document. " * 4
@@ -124,7 +124,7 @@ def test_discard_and_clear(tiny_model, tiny_tok):
 
 
 def test_the_process_wide_registry_is_a_registry():
-    assert isinstance(POOL_REGISTRY, PoolRegistry)
+    assert isinstance(default_engine().pools, PoolRegistry)
 
 
 # ---------------------------------------------------------------- resolve

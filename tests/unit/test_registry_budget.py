@@ -7,7 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from polykv_agents import SharedKVPool, load_model
+from polykv_agents import Engine, SharedKVPool
+from polykv_agents import engine as engine_module
 from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.pool import registry as registry_module
 from polykv_agents.pool.handle import PoolHandle
@@ -86,13 +87,13 @@ def test_an_evicted_pool_comes_back_from_its_store_without_a_prefill(tiny_model,
     assert registry.build_count == 2  # loaded, not rebuilt
 
 
-def test_a_chat_call_holds_a_lease_while_it_streams(tiny_model_dir, monkeypatch):
-    registry = PoolRegistry(max_bytes=1)
-    monkeypatch.setattr("polykv_agents.chat.chat_model.POOL_REGISTRY", registry)
-    model, tokenizer = load_model(tiny_model_dir)
+def test_a_chat_call_holds_a_lease_while_it_streams(tiny_model_dir):
+    engine = Engine(max_pool_bytes=1)
+    registry = engine.pools
+    model, tokenizer = engine.load_model(tiny_model_dir)
     pool = SharedKVPool.prefill(model, tokenizer, DOCS[0])
     other = SharedKVPool.prefill(model, tokenizer, DOCS[1])
-    chat = ChatPolyKV(model=tiny_model_dir, max_tokens=8).with_pool(PoolHandle.from_pool(pool), document=DOCS[0])
+    chat = ChatPolyKV(model=tiny_model_dir, max_tokens=8, engine=engine).with_pool(PoolHandle.from_pool(pool), document=DOCS[0])
     registry.put(pool)
     stream = chat.stream("What is shared?")
     next(stream)
@@ -106,15 +107,15 @@ def test_a_chat_call_holds_a_lease_while_it_streams(tiny_model_dir, monkeypatch)
     assert registry.build_count == 0
 
 
-def test_concurrent_calls_under_a_tight_budget_all_complete(tiny_model_dir, monkeypatch):
+def test_concurrent_calls_under_a_tight_budget_all_complete(tiny_model_dir):
     """Pools churn in and out of a one-pool budget while calls over four documents run at once."""
-    registry = PoolRegistry(max_bytes=1)
-    monkeypatch.setattr("polykv_agents.chat.chat_model.POOL_REGISTRY", registry)
-    model, tokenizer = load_model(tiny_model_dir)
+    engine = Engine(max_pool_bytes=1)
+    registry = engine.pools
+    model, tokenizer = engine.load_model(tiny_model_dir)
     chats = []
     for doc in DOCS:
         handle = PoolHandle.from_pool(registry.get_or_build(model, tokenizer, doc))
-        chats.append(ChatPolyKV(model=tiny_model_dir, max_tokens=6).with_pool(handle, document=doc))
+        chats.append(ChatPolyKV(model=tiny_model_dir, max_tokens=6, engine=engine).with_pool(handle, document=doc))
     expected = [chat.invoke("Go.").content for chat in chats]
     with ThreadPoolExecutor(8) as executor:
         answers = list(executor.map(lambda i: chats[i % 4].invoke("Go.").content, range(32)))
@@ -122,13 +123,13 @@ def test_concurrent_calls_under_a_tight_budget_all_complete(tiny_model_dir, monk
     assert all(registry.leases(chat.pool.digest) == 0 for chat in chats)
 
 
-def test_a_chat_model_given_a_pool_object_keeps_it_through_eviction(tiny_model_dir, monkeypatch):
+def test_a_chat_model_given_a_pool_object_keeps_it_through_eviction(tiny_model_dir):
     """``with_pool(pool)`` hands over the pool itself: eviction from the registry must not lose it."""
-    registry = PoolRegistry(max_bytes=1)
-    monkeypatch.setattr("polykv_agents.chat.chat_model.POOL_REGISTRY", registry)
-    model, tokenizer = load_model(tiny_model_dir)
+    engine = Engine(max_pool_bytes=1)
+    registry = engine.pools
+    model, tokenizer = engine.load_model(tiny_model_dir)
     pool = SharedKVPool.prefill(model, tokenizer, DOCS[0])
-    chat = ChatPolyKV(model=tiny_model_dir, max_tokens=6).with_pool(pool)  # no store, no document
+    chat = ChatPolyKV(model=tiny_model_dir, max_tokens=6, engine=engine).with_pool(pool)  # no store, no document
     expected = chat.invoke("Go.").content
     registry.put(SharedKVPool.prefill(model, tokenizer, DOCS[1]))
     assert pool.digest not in registry
@@ -136,11 +137,11 @@ def test_a_chat_model_given_a_pool_object_keeps_it_through_eviction(tiny_model_d
     assert registry.build_count == 0
 
 
-def test_the_process_budget_comes_from_the_environment(monkeypatch):
-    monkeypatch.setenv(registry_module.BUDGET_ENV_VAR, "12345")
-    assert registry_module._budget_from_environment() == 12345
-    monkeypatch.delenv(registry_module.BUDGET_ENV_VAR)
-    assert registry_module._budget_from_environment() == registry_module.DEFAULT_MAX_BYTES
-    monkeypatch.setenv(registry_module.BUDGET_ENV_VAR, "two gigabytes")
+def test_the_default_engines_budget_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv(engine_module.BUDGET_ENV_VAR, "12345")
+    assert engine_module._budget_from_environment() == 12345
+    monkeypatch.delenv(engine_module.BUDGET_ENV_VAR)
+    assert engine_module._budget_from_environment() == registry_module.DEFAULT_MAX_BYTES
+    monkeypatch.setenv(engine_module.BUDGET_ENV_VAR, "two gigabytes")
     with pytest.raises(ValueError, match="whole number of bytes"):
-        registry_module._budget_from_environment()
+        engine_module._budget_from_environment()

@@ -15,6 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from polykv_agents import CodecConfig, CompressionConfig, SharedKVPool
+from polykv_agents.codecs import EncodedTensor
 from polykv_agents.pool.store import FORMAT_VERSION, PoolFileError, PoolStore
 
 DOC = "Shared caches let many agents read one document. " * 6
@@ -134,6 +135,58 @@ def test_the_file_is_plain_safetensors_without_pickle(saved, pool):
     assert header["format_version"] == FORMAT_VERSION
     assert (header["digest"], header["checksum"]) == (pool.digest, pool.tensor_checksum())
     assert header["layers"][0]["values"]["codec"] == "turboquant"
+
+
+def test_the_header_keeps_the_format_1_config_layout(saved):
+    """Files store the config as format 1 always did: every codec record lists every codec's fields
+    (the inert ones at their defaults). Files written before the per-codec config classes therefore
+    still load, under the same digest; a layout change would need a FORMAT_VERSION bump."""
+    _, path = saved
+    with safe_open(str(path), framework="pt") as f:
+        header = json.loads(f.metadata()["polykv"])
+    assert FORMAT_VERSION == 1
+    assert header["config"] == {
+        "keys": {"method": "int", "bits": 8, "granularity": "channel", "rotation": True, "random_signs": True},
+        "values": {"method": "turboquant", "bits": 3, "granularity": "channel", "rotation": True, "random_signs": True},
+        "seed": 0,
+    }
+
+
+def test_a_pool_s_tensors_cannot_be_replaced(saved, pool):
+    """A pool's digest covers its config and tokens, not its tensors: swapping a stored tensor must be
+    impossible, in a built pool and in a loaded one."""
+    store, _ = saved
+    for candidate in (pool, store.load(pool.digest)):
+        encoded = candidate.layers[0].values
+        with pytest.raises(TypeError, match="does not support item assignment"):
+            encoded.tensors["codes"] = torch.zeros_like(encoded.tensors["codes"])
+        with pytest.raises(TypeError):
+            del encoded.tensors["norms"]
+        with pytest.raises(TypeError, match="does not support item assignment"):
+            encoded.params["bits"] = 2
+        assert candidate.tensor_checksum() == pool.tensor_checksum()
+
+
+def test_an_encoded_tensor_keeps_its_own_mappings_through_pickle(pool):
+    """The record copies the caller's dicts, and pickles (Ray ships pools) back into a read-only record."""
+    data = torch.ones(1, 1, 2, 4)  # [batch, kv_heads, tokens, head_dim]
+    tensors, params = {"data": data}, {"note": 1}
+    encoded = EncodedTensor(codec="none", shape=(1, 1, 2, 4), dtype="float32", params=params, tensors=tensors)
+    tensors["data"], params["note"] = torch.zeros_like(data), 2
+    assert encoded.tensors["data"] is data
+    assert encoded.params == {"note": 1}
+    original = pool.layers[0].values
+    restored = pickle.loads(pickle.dumps(original))
+    assert (restored.codec, restored.shape, restored.dtype, restored.params) == (
+        original.codec,
+        original.shape,
+        original.dtype,
+        original.params,
+    )
+    assert restored.tensors.keys() == original.tensors.keys()
+    assert all(torch.equal(restored.tensors[name], t) for name, t in original.tensors.items())
+    with pytest.raises(TypeError, match="does not support item assignment"):
+        restored.tensors["codes"] = data
 
 
 def test_save_is_atomic_and_lazy_about_the_directory(pool, tmp_path, monkeypatch):

@@ -117,3 +117,10 @@ def test_wrong_packed_length() -> None:
         unpack_codes(packed.reshape(2, 3), 3, 9)
     with pytest.raises(ValueError, match="count"):
         unpack_codes(packed, 3, -1)
+
+
+@pytest.mark.parametrize("bits", [True, 2.5, "3"])
+def test_bits_must_be_a_plain_int(bits: object) -> None:
+    """bool is an int subclass and 2.5 lies in 1..8: both must still be refused."""
+    with pytest.raises(ValueError, match=r"^bits must be an int in 1\.\.8, got "):
+        packed_length(8, bits)  # type: ignore[arg-type]

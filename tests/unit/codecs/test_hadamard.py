@@ -135,3 +135,18 @@ def test_random_rotation_argument_errors() -> None:
         random_rotation(7, seed=0, random_signs=False)
     with pytest.raises(ValueError, match="dim"):
         rotation_kind(0)
+
+
+def test_error_messages_name_the_argument_and_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"^dim must be an int in 1\.\.4096, got 0$"):
+        rotation_kind(0)
+    with pytest.raises(ValueError, match=r"^n must be an int in 1\.\.4096, got 4097$"):
+        hadamard_matrix(4097)
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"^no Hadamard matrix of order 52 can be built here \(Sylvester, prime Paley I/II and "
+            r"their products with powers of two\); use random_rotation, which falls back to Haar$"
+        ),
+    ):
+        hadamard_matrix(52)

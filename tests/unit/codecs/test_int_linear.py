@@ -274,3 +274,81 @@ def test_roundtrip_properties(
     q = _integer_codes(codec, enc)
     assert int(q.abs().max()) <= codec.qmax
     _assert_within_half_a_step(x, enc, codec.decode(enc, dtype=torch.float32))
+
+
+# --------------------------------------------------------------------------- exact values and metadata
+
+
+def test_default_is_eight_bits_per_channel() -> None:
+    codec = IntLinearCodec()
+    assert (codec.bits, codec.granularity, codec.qmax) == (8, "channel", 127)
+
+
+@pytest.mark.parametrize(("bits", "qmax"), [(2, 1), (3, 3), (4, 7), (7, 63), (8, 127)])
+def test_qmax_is_the_largest_symmetric_integer(bits: int, qmax: int) -> None:
+    assert IntLinearCodec(bits).qmax == qmax
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+@pytest.mark.parametrize("bits", [3, 8])
+def test_from_params_restores_every_setting(bits: int, granularity: str) -> None:
+    codec = IntLinearCodec.from_params({"bits": bits, "granularity": granularity})
+    assert (codec.bits, codec.granularity) == (bits, granularity)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_integers_at_full_scale_round_trip_exactly(bits: int) -> None:
+    """amax == qmax gives the exactly representable scale 1: no needless round-up, exact decode."""
+    qmax = 2 ** (bits - 1) - 1
+    x = torch.arange(-qmax, qmax + 1, dtype=torch.float32).reshape(1, 1, 1, -1)
+    codec = IntLinearCodec(bits, "tensor")
+    enc = codec.encode(x)
+    assert enc.tensors["scale"].dtype == torch.float16
+    assert enc.tensors["scale"].item() == 1.0
+    assert torch.equal(_integer_codes(codec, enc), x.long())
+    assert torch.equal(codec.decode(enc), x)
+
+
+def test_scale_of_a_unit_group_is_rounded_up_from_one_over_qmax() -> None:
+    """amax 1: the fp16 scale is 1/127 rounded up (not the all-zero group's placeholder 1)."""
+    x = torch.tensor([-1.0, -0.5, 0.25, 1.0]).reshape(1, 1, 1, 4)
+    enc = IntLinearCodec(8, "tensor").encode(x)
+    scale = enc.tensors["scale"].float().item()
+    assert scale * 127 >= 1.0
+    assert scale == pytest.approx(1 / 127, rel=1e-3)
+    assert _integer_codes(IntLinearCodec(8, "tensor"), enc).flatten().tolist() == [-127, -63, 32, 127]
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_all_zero_group_gets_scale_one(granularity: str) -> None:
+    enc = IntLinearCodec(4, granularity).encode(torch.zeros(1, 2, 3, 8))
+    assert torch.equal(enc.tensors["scale"], torch.ones_like(enc.tensors["scale"]))
+    assert enc.tensors["scale"].dtype == torch.float16
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_zero_tokens_keep_the_scale_layout(bits: int, granularity: str) -> None:
+    shape = (2, 3, 0, 8)
+    codec = IntLinearCodec(bits, granularity)
+    enc = codec.encode(torch.zeros(shape))
+    assert tuple(enc.tensors["scale"].shape) == _scale_shape(granularity, shape)
+    assert enc.tensors["scale"].dtype == torch.float16
+    out = codec.decode(enc)
+    assert out.shape == shape
+    assert out.dtype == torch.float32
+
+
+def test_overflow_message_names_the_cause() -> None:
+    x = torch.full((1, 1, 2, 4), 1e8)
+    with pytest.raises(ValueError, match=r"^key/value magnitudes overflow an fp16 scale; the model produced"):
+        IntLinearCodec(8, "tensor").encode(x)
+
+
+def test_narrow_codes_are_offset_by_qmax() -> None:
+    """3-bit codes are stored as q + 3 in 0..6, packed LSB first."""
+    x = torch.tensor([-3.0, 0.0, 3.0, 1.0]).reshape(1, 1, 1, 4)
+    codec = IntLinearCodec(3, "tensor")
+    enc = codec.encode(x)
+    assert unpack_codes(enc.tensors["codes"], 3, 4).tolist() == [0, 3, 6, 4]
+    assert torch.equal(codec.decode(enc), x)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 import torch
 
+from polykv_agents.codecs import lloyd_max
 from polykv_agents.codecs.lloyd_max import (
     codes_to_values,
     gaussian_lloyd_max,
@@ -132,3 +134,42 @@ def test_argument_errors() -> None:
         codes_to_values(torch.zeros(3), centroids)
     with pytest.raises(ValueError, match="centroids"):
         codes_to_values(torch.zeros(3, dtype=torch.uint8), centroids.reshape(2, 2))
+
+
+def _normal_cdf(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def _normal_pdf(x: float) -> float:
+    return 0.0 if math.isinf(x) else math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5])
+def test_uncached_solve_is_the_lloyd_fixed_point(bits: int) -> None:
+    """Solve the table afresh (bypassing the per-process cache that codecs built at import may
+    have filled) and check it against an independent scalar computation: every centroid is the
+    conditional mean of its cell, cells are split at midpoints, and the MSE is 1 - sum P_i c_i^2.
+    """
+    centroids, boundaries, mse = lloyd_max._table_f64.__wrapped__(bits)
+    assert centroids.dtype == boundaries.dtype == torch.float64
+    c = centroids.tolist()
+    assert len(c) == 1 << bits
+    assert boundaries.tolist() == [0.5 * (lo + hi) for lo, hi in itertools.pairwise(c)]
+    edges = [-math.inf, *boundaries.tolist(), math.inf]
+    masses = [_normal_cdf(b) - _normal_cdf(a) for a, b in itertools.pairwise(edges)]
+    means = [(_normal_pdf(a) - _normal_pdf(b)) / p for (a, b), p in zip(itertools.pairwise(edges), masses, strict=True)]
+    assert c == pytest.approx(means, abs=1e-9)
+    assert c == [-v for v in reversed(c)]
+    assert mse == pytest.approx(1.0 - sum(p * v * v for p, v in zip(masses, c, strict=True)), abs=1e-9)
+    if bits in PUBLISHED_CENTROIDS:
+        assert c[1 << (bits - 1) :] == pytest.approx(PUBLISHED_CENTROIDS[bits], abs=1e-4)
+        assert mse == pytest.approx(PUBLISHED_MSE[bits], rel=2e-3)
+
+
+def test_three_bit_table_to_four_decimals() -> None:
+    centroids, boundaries = gaussian_lloyd_max(3)
+    assert centroids.tolist() == pytest.approx(
+        [-2.1519, -1.3439, -0.7560, -0.2451, 0.2451, 0.7560, 1.3439, 2.1519], abs=1e-4
+    )
+    assert boundaries.tolist() == pytest.approx([-1.7479, -1.0500, -0.5006, 0.0, 0.5006, 1.0500, 1.7479], abs=1e-4)
+    assert gaussian_lloyd_max_mse(3) == pytest.approx(0.03454, abs=1e-5)

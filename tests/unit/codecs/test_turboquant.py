@@ -363,3 +363,30 @@ def test_roundtrip_properties(
     assert torch.equal(out[~nonzero].float(), torch.zeros_like(out[~nonzero].float()))
     errors = _per_vector_error(x[nonzero], codec.decode(enc, dtype=torch.float32)[nonzero])
     assert bool((errors < 0.5).all()), float(errors.max())
+
+
+@pytest.mark.parametrize("value", [1e4, math.inf, math.nan])
+def test_huge_or_non_finite_norms_are_refused(value: float) -> None:
+    """A norm beyond fp16 (here 8e4), inf or NaN is refused with a message that names the cause."""
+    x = torch.randn(1, 1, 2, 64, generator=_gen(9))
+    x[0, 0, 1] = value
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"^a head vector's norm is non-finite or exceeds the fp16 range \(65504\); "
+            r"the model produced non-finite or huge activations$"
+        ),
+    ):
+        TurboQuantCodec(3).encode(x)
+
+
+def test_defaults_are_three_bits_seed_zero_with_signed_rotation() -> None:
+    codec = TurboQuantCodec()
+    assert (codec.bits, codec.seed, codec.rotation, codec.random_signs) == (3, 0, True, True)
+    assert codec.centroids.shape == (8,)
+
+
+@pytest.mark.parametrize("flag", ["rotation", "random_signs"])
+def test_non_boolean_flags_are_rejected(flag: str) -> None:
+    with pytest.raises(ValueError, match=flag):
+        TurboQuantCodec(3, **{flag: "sometimes"})

@@ -9,8 +9,12 @@ import torch
 from tiny_models import tiny_llama, tiny_tokenizer
 
 from polykv_agents import CompressionConfig, SharedKVPool
-from polykv_agents.distributed.object_store import from_stored, stored_nbytes, to_stored
 from polykv_agents.pool.store import PoolFileError
+
+# Without the ray extra these tests are reported as skipped, with this reason (polykv_agents.distributed imports Ray).
+pytest.importorskip("ray", reason='needs Ray, the ray extra: pip install "polykv-agents[ray]"')
+
+from polykv_agents.distributed.object_store import from_stored, stored_nbytes, to_stored
 
 DOC = "Shared caches let many agents read one document. " * 6
 

@@ -10,9 +10,13 @@ from langchain_core.runnables import ConfigurableField
 
 from polykv_agents import SharedKVPool
 from polykv_agents.chat.chat_model import ChatPolyKV
-from polykv_agents.distributed import RayChatPolyKV, RayCluster
 from polykv_agents.graph.workflow import role_chat_model
 from polykv_agents.pool.handle import PoolHandle
+
+# Without the ray extra these tests are reported as skipped, with this reason (polykv_agents.distributed imports Ray).
+pytest.importorskip("ray", reason='needs Ray, the ray extra: pip install "polykv-agents[ray]"')
+
+from polykv_agents.distributed import RayChatPolyKV, RayCluster
 
 
 @pytest.fixture

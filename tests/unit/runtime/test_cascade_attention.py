@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import tiny_llama
+from tiny_models import tiny_sensitive_llama
 
 from polykv_agents import SharedKVPool
 from polykv_agents.model.compat import forward_with_cache
@@ -28,9 +28,9 @@ def kernel(request, monkeypatch):
 
 @pytest.fixture(scope="module")
 def setup(tiny_tok):
-    model = tiny_llama(seed=3)
+    model = tiny_sensitive_llama(seed=3)
     pool = SharedKVPool.prefill(model, tiny_tok, DOC)
-    reference = tiny_llama(seed=3)  # same weights, left on SDPA
+    reference = tiny_sensitive_llama(seed=3)  # same weights, left on SDPA
     enable_cascade_attention(model)
     return model, reference, pool
 

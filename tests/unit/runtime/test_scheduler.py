@@ -1,27 +1,36 @@
-"""The batched scheduler: concurrent agents get exactly their sequential greedy outputs."""
+"""The batched scheduler: concurrent agents get exactly their sequential greedy outputs.
+
+The model is :func:`tiny_sensitive_llama`, whose answers depend strongly on the prompt, and every test that
+compares several agents first checks that their expected answers differ: a row decoded from another row's
+cache, rows joined in the wrong order, or a misplaced position then changes some answer."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from tiny_models import tiny_llama
+from tiny_models import assert_pairwise_distinct, tiny_sensitive_llama
 
-from polykv_agents import PooledAgent, SharedKVPool
-from polykv_agents.runtime import scheduler as schedulers
-from polykv_agents.runtime.decoding import generate_token_ids
+from polykv_agents import Engine, PooledAgent, SharedKVPool
+from polykv_agents.runtime import scheduler_table
+from polykv_agents.runtime.backend import PrivateBackend
+from polykv_agents.runtime.generate import generate_token_ids
+from polykv_agents.runtime.request import DecodeRequest
 from polykv_agents.runtime.scheduler import BatchScheduler
-from polykv_agents.sampling.settings import GenerationSettings, GenerationStats
+from polykv_agents.sampling.settings import GenerationSettings
 
 DOC = "Keys are quantised to eight bits; values use a rotated three-bit codebook. " * 8
 QUESTIONS = ["What do values use?", "Keys?", "Summarise the document in a few words, please."]
+ROLES = ["planner", "critic", "summarizer", "fox", "dog", "keys", "values", "codebook"]
+"""Role names whose one-word system prompts give the tiny model eight different answers."""
 
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_llama(seed=5)
+    return tiny_sensitive_llama()
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +46,12 @@ def _prompt(pool, model, tok, i: int) -> torch.Tensor:
 
 def _sequential(model, tok, pool, prompt, settings) -> list[int]:
     """The reference: one call alone, over a private copy of the decoded pool."""
-    return list(generate_token_ids(model, tok, prompt, settings, pool=pool, runtime="private"))
+    return list(generate_token_ids(DecodeRequest(model, tok, prompt, settings, pool=pool), PrivateBackend()))
 
 
 def _submit(scheduler, prompt, settings):
-    stats = GenerationStats(prompt_tokens=prompt.numel(), cached_tokens=0)
-    return scheduler.submit(prompt, settings, stats, settings.max_new_tokens), stats
+    request = DecodeRequest(scheduler.model, scheduler._tokenizer, prompt, settings, pool=scheduler.prefix.pool)
+    return scheduler.submit(request, settings.max_new_tokens), request.stats
 
 
 def test_concurrent_requests_match_sequential_decoding(model, tiny_tok, pool):
@@ -52,6 +61,7 @@ def test_concurrent_requests_match_sequential_decoding(model, tiny_tok, pool):
     prompts = [_prompt(pool, model, tiny_tok, i) for i in range(len(budgets))]
     settings = [GenerationSettings(max_new_tokens=b) for b in budgets]
     expected = [_sequential(model, tiny_tok, pool, p, s) for p, s in zip(prompts, settings, strict=True)]
+    assert_pairwise_distinct(expected)
 
     streams = [_submit(scheduler, prompts[i], settings[i])[0] for i in range(3)]
     got = [[next(stream) for _ in range(2)] for stream in streams]  # three agents are mid-flight ...
@@ -74,6 +84,7 @@ def test_each_agent_keeps_its_own_sampling_settings(model, tiny_tok, pool):
         GenerationSettings(max_new_tokens=15, temperature=0.7, seed=12),
     ]
     expected = [_sequential(model, tiny_tok, pool, p, s) for p, s in zip(prompts, settings, strict=True)]
+    assert_pairwise_distinct(expected)
     streams = [_submit(scheduler, p, s)[0] for p, s in zip(prompts, settings, strict=True)]
     assert [list(s) for s in streams] == expected
     scheduler.close()
@@ -84,6 +95,7 @@ def test_cancelling_one_request_frees_its_row_and_leaves_the_others_unchanged(mo
     prompts = [_prompt(pool, model, tiny_tok, i) for i in range(3)]
     settings = GenerationSettings(max_new_tokens=25)
     expected = [_sequential(model, tiny_tok, pool, p, settings) for p in prompts]
+    assert_pairwise_distinct(expected)
     streams = [_submit(scheduler, p, settings) for p in prompts]
     first = [next(stream) for stream, _ in streams]
     cancelled, cancelled_stats = streams[1]
@@ -96,9 +108,10 @@ def test_cancelling_one_request_frees_its_row_and_leaves_the_others_unchanged(mo
 
 def test_threads_through_pooled_agents_get_their_sequential_answers(model, tiny_tok, pool):
     """The public path: PooledAgent calls from 8 threads share the pool's scheduler."""
-    agents = [PooledAgent(pool, model, tiny_tok, system_prompt=f"Role {i}.") for i in range(8)]
+    agents = [PooledAgent(pool, model, tiny_tok, system_prompt=f"Role {i}: {role}") for i, role in enumerate(ROLES)]
     settings = GenerationSettings(max_new_tokens=16)
     expected = [_sequential(model, tiny_tok, pool, a.prompt_ids("Go."), settings) for a in agents]
+    assert_pairwise_distinct(expected)
     results: list[list[int] | None] = [None] * len(agents)
 
     def run(i: int) -> None:
@@ -124,40 +137,101 @@ def test_a_failed_step_reaches_the_caller_instead_of_hanging(model, tiny_tok, po
     scheduler.close()
 
 
-def test_an_idle_scheduler_retires_and_the_next_request_starts_a_fresh_one(model, tiny_tok, monkeypatch):
+def test_an_idle_scheduler_retires_and_the_next_request_starts_a_fresh_one(model, tiny_tok, caplog):
     """A long-lived process that reads many pools keeps only recently used schedulers (threads, decoded
     prefixes) alive; a request after retirement is served as before."""
-    monkeypatch.setattr(BatchScheduler, "idle_seconds", 0.2)
+    engine = Engine(scheduler_idle_seconds=0.6)
     pool = SharedKVPool.prefill(model, tiny_tok, "A document no other test reads, so no scheduler has it yet.")
-    agent = PooledAgent(pool, model, tiny_tok)
+    agent = PooledAgent(pool, model, tiny_tok, engine=engine)
     settings = GenerationSettings(max_new_tokens=6)
-    first = list(agent.generate_ids("Go.", settings))
-    retired = schedulers.scheduler_for(model, tiny_tok, pool, "decompressed")
-    retired._thread.join(timeout=10)  # its worker ends once idle for 0.2 s
+    with caplog.at_level(logging.DEBUG, logger="polykv_agents.runtime.scheduler_table"):
+        first = list(agent.generate_ids("Go.", settings))
+        retired = engine.schedulers.scheduler_for(model, tiny_tok, pool, "decompressed")
+        retired._thread.join(timeout=10)  # its worker ends once idle for 0.6 s
     assert not retired._thread.is_alive()
+    assert f"scheduler for pool {pool.digest[:12]} retired after 1 s idle" in caplog.messages
     with pytest.raises(RuntimeError, match="closed"):
-        retired.submit(agent.prompt_ids("Go."), settings, GenerationStats(prompt_tokens=1, cached_tokens=0), 6)
+        retired.submit(DecodeRequest(model, tiny_tok, agent.prompt_ids("Go."), settings, pool=pool), 6)
     assert list(agent.generate_ids("Go.", settings)) == first
-    assert schedulers.scheduler_for(model, tiny_tok, pool, "decompressed") is not retired
+    assert engine.schedulers.scheduler_for(model, tiny_tok, pool, "decompressed") is not retired
 
 
-def test_a_scheduler_with_work_never_retires(model, tiny_tok, monkeypatch):
+def test_a_scheduler_with_work_never_retires(model, tiny_tok, monkeypatch, caplog):
     """Retirement is decided under the registry lock that submit() holds: an arriving request keeps it."""
     pool = SharedKVPool.prefill(model, tiny_tok, "Another document of its own, so every scheduler here is counted.")
     created = []
 
     class Counted(BatchScheduler):
-        idle_seconds = 0.0  # retire the moment there is no work
-
         def __init__(self, *args, **kwargs) -> None:
             created.append(self)
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(schedulers, "BatchScheduler", Counted)
-    agents = [PooledAgent(pool, model, tiny_tok, system_prompt=f"Role {i}.") for i in range(4)]
+    monkeypatch.setattr(scheduler_table, "BatchScheduler", Counted)
+    engine = Engine(scheduler_idle_seconds=0.0)  # retire the moment there is no work
+    agents = [
+        PooledAgent(pool, model, tiny_tok, system_prompt=f"Role {i}: {role}", engine=engine)
+        for i, role in enumerate(ROLES[:4])
+    ]
     settings = GenerationSettings(max_new_tokens=8)
     expected = [_sequential(model, tiny_tok, pool, a.prompt_ids("Go."), settings) for a in agents]
-    for _ in range(5):  # schedulers retire between rounds all the time; no request is ever lost
-        with ThreadPoolExecutor(4) as executor:
-            assert list(executor.map(lambda a: list(a.generate_ids("Go.", settings)), agents)) == expected
+    assert_pairwise_distinct(expected)
+    with caplog.at_level(logging.DEBUG, logger="polykv_agents.runtime.scheduler_table"):
+        for _ in range(5):  # schedulers retire between rounds all the time; no request is ever lost
+            with ThreadPoolExecutor(4) as executor:
+                assert list(executor.map(lambda a: list(a.generate_ids("Go.", settings)), agents)) == expected
     assert len(created) >= 2  # retirement really happened in between
+    assert any(message.endswith("retired after 0 s idle") for message in caplog.messages)
+
+
+def test_a_row_that_ends_at_its_first_token_leaves_the_rows_admitted_with_it_unchanged(model, tiny_tok, pool):
+    """Four requests admitted in ONE forward: one may make a single token, one none at all. Their rows leave at
+    admission and the rows after them must keep their own caches."""
+    scheduler = BatchScheduler(model, tiny_tok, pool)
+    prompts = [_prompt(pool, model, tiny_tok, i) for i in range(4)]
+    settings = [GenerationSettings(max_new_tokens=n) for n in (10, 1, 0, 10)]
+    expected = [_sequential(model, tiny_tok, pool, p, s) for p, s in zip(prompts, settings, strict=True)]
+    assert [len(tokens) for tokens in expected] == [10, 1, 0, 10]
+    assert_pairwise_distinct(expected)
+    with scheduler._wake:  # held: the worker sees all four requests at once
+        submitted = [_submit(scheduler, p, s) for p, s in zip(prompts, settings, strict=True)]
+    assert [list(stream) for stream, _ in submitted] == expected
+    assert [stats.finish_reason for _, stats in submitted] == ["length"] * 4
+    assert scheduler.peak_batch_size == 2
+    scheduler.close()
+
+
+def test_requests_beyond_max_batch_size_wait_for_a_free_row(model, tiny_tok, pool):
+    scheduler = BatchScheduler(model, tiny_tok, pool, max_batch_size=2)
+    prompts = [_prompt(pool, model, tiny_tok, i) for i in range(4)]
+    settings = [GenerationSettings(max_new_tokens=n) for n in (4, 9, 6, 3)]
+    expected = [_sequential(model, tiny_tok, pool, p, s) for p, s in zip(prompts, settings, strict=True)]
+    assert_pairwise_distinct(expected)
+    with scheduler._wake:
+        streams = [_submit(scheduler, p, s)[0] for p, s in zip(prompts, settings, strict=True)]
+    assert [list(stream) for stream in streams] == expected
+    assert scheduler.peak_batch_size == 2
+    scheduler.close()
+
+
+class _BrokenGrammar:
+    """A grammar state that fails as soon as it is asked anything."""
+
+    def __getattr__(self, name: str):
+        msg = f"broken grammar: {name}"
+        raise RuntimeError(msg)
+
+
+def test_a_failing_grammar_ends_only_its_own_row(model, tiny_tok, pool):
+    scheduler = BatchScheduler(model, tiny_tok, pool)
+    prompts = [_prompt(pool, model, tiny_tok, i) for i in range(2)]
+    settings = GenerationSettings(max_new_tokens=8)
+    expected = _sequential(model, tiny_tok, pool, prompts[1], settings)
+    broken = DecodeRequest(model, tiny_tok, prompts[0], settings, pool=pool)
+    with scheduler._wake:
+        failing = scheduler.submit(broken, 8, _BrokenGrammar())
+        healthy, _ = _submit(scheduler, prompts[1], settings)
+    with pytest.raises(RuntimeError, match="broken grammar"):
+        list(failing)
+    assert broken.stats.finish_reason == "stop"
+    assert list(healthy) == expected
+    scheduler.close()

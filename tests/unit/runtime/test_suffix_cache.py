@@ -44,3 +44,45 @@ def test_select_keeps_rows_in_the_given_order():
 def test_nbytes_counts_allocated_suffix_tensors():
     batch = _row(2, 1.0, capacity=4)
     assert batch.nbytes == 2 * 1 * 2 * 4 * 3 * 4  # keys + values, [1, 2, 4, 3] float32
+
+
+def test_capacity_grows_in_steps_of_sixteen_slots_and_rows_join_at_the_wider_width():
+    batch = _row(3, 1.0, capacity=16)
+    assert batch.layers[0].keys.shape[-2] == 16
+    batch.concat(_row(17, 2.0, capacity=16))  # that row grew to 32 slots: the batch is padded to match
+    assert [layer.keys.shape for layer in batch.layers] == [torch.Size([2, 2, 32, 3])]
+    assert batch.layers[0].values.shape == (2, 2, 32, 3)
+    assert batch.layers[0].keys[0, 0, 3:, 0].eq(0).all()  # padding, never attended to
+    assert batch.layers[0].values[1, 0, :17, 0].eq(102.0).all()
+
+
+def test_sizes_reported_to_the_model_follow_the_longest_row():
+    batch = SuffixCache(num_layers=2, batch_size=0)
+    layer = batch.layers[0]
+    assert (layer.get_seq_length(), layer.get_max_length(), layer.is_sliding) == (0, -1, False)
+    assert batch.nbytes == 0  # nothing allocated before the first write
+    batch.concat(_two_layers(2))
+    batch.concat(_two_layers(5))
+    assert batch.layers[1].get_seq_length() == 5
+    assert batch.layers[1].get_mask_sizes(3) == (8, 0)
+
+
+def test_one_write_plan_serves_every_layer_of_a_step_and_is_rebuilt_after_it():
+    batch = _two_layers(2)
+    shape = torch.Size([1, 2, 1, 3])
+    needed, index = batch.write_plan(shape, torch.device("cpu"))
+    assert needed == 3 and index.shape == shape and index.eq(2).all()
+    assert batch.write_plan(shape, torch.device("cpu"))[1] is index
+    batch.advance(1)
+    needed, index = batch.write_plan(shape, torch.device("cpu"))
+    assert needed == 4 and index.eq(3).all()
+    assert batch.starts.tolist() == [0]
+
+
+def _two_layers(length: int) -> SuffixCache:
+    cache = SuffixCache(num_layers=2, batch_size=1)
+    for layer_idx in range(2):
+        keys = torch.full((1, 2, length, 3), float(length))
+        cache.update(keys, keys, layer_idx)
+    cache.advance(length)
+    return cache

@@ -1,0 +1,54 @@
+"""Baselines that benchmarks compare the pooled path with. They live here, not in the product classes.
+
+:class:`ReprefillDocument` is the prefetch node of a workflow without a pool: it builds nothing, and every
+role call puts the whole document in front of its own messages and prefills it again, as a plain local
+chat model does. Graphs take it in place of a :class:`~polykv_agents.graph.prefetch.PrefetchDocument`
+(``build_graph(prefetch=ReprefillDocument(chat))``), so both sides run the same nodes and prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from langchain_core.messages import BaseMessage, HumanMessage, convert_to_messages
+from langchain_core.prompt_values import PromptValue
+from langchain_core.runnables import Runnable, RunnableLambda
+
+from polykv_agents.chat.chat_model import ChatPolyKV
+from polykv_agents.graph.prefetch import PrefetchDocument
+from polykv_agents.pool.handle import PoolHandle
+
+
+def _as_messages(value: Any) -> list[BaseMessage]:
+    """A chat model's input (a string, a prompt value or message-likes) as messages."""
+    if isinstance(value, str):
+        return [HumanMessage(value)]
+    if isinstance(value, PromptValue):
+        return value.to_messages()
+    return convert_to_messages(value)
+
+
+class ReprefillDocument(PrefetchDocument):
+    """The no-pool baseline: same state, prompts and role calls as :class:`PrefetchDocument`, but the document
+    is prefilled again by every call. Takes the same arguments (``cluster`` excepted)."""
+
+    def __init__(self, chat: ChatPolyKV, **kwargs: Any) -> None:
+        if kwargs.get("cluster") is not None:
+            msg = "the no-pool baseline cannot run on a cluster; pass cluster=None"
+            raise ValueError(msg)
+        super().__init__(chat, **kwargs)
+
+    def __call__(self, state: Mapping[str, Any]) -> dict[str, PoolHandle | None]:
+        self.document_messages(state)  # the same input check as with a pool
+        return {self.pool_key: None}
+
+    def _over_document(
+        self, state: Mapping[str, Any], chat: ChatPolyKV, finish: Callable[[ChatPolyKV], Runnable]
+    ) -> Runnable:
+        prefix = convert_to_messages(self.document_messages(state))
+        return RunnableLambda(lambda value: [*prefix, *_as_messages(value)]) | finish(chat)
+
+    def pooled_model(self, state: Mapping[str, Any], chat: ChatPolyKV | None = None) -> ChatPolyKV:
+        msg = "the no-pool baseline has no pooled model; use pooled_chat, which puts the document in front"
+        raise ValueError(msg)

@@ -1,0 +1,28 @@
+"""Every benchmark suite, in the order docs/RESULTS.md shows them: the one list that
+``polykv-agents bench``, ``benchmarks/render_results.py`` and ``benchmarks/run_all.sh`` read.
+
+To add a benchmark: write ``polykv_agents/bench/<name>.py`` with its options, its ``run``, ``write`` and
+``render`` and a module-level ``SUITE`` (see :class:`polykv_agents.bench.suite.Suite`), then add the
+module here. Suite modules import their heavy dependencies (Ray, LangGraph, matplotlib) inside ``run``
+and ``write``, so that listing them stays cheap.
+"""
+
+from __future__ import annotations
+
+from polykv_agents.bench import (
+    ablation,
+    agents,
+    grammar_overhead,
+    graph_e2e,
+    load_soak,
+    memory,
+    peer,
+    quality,
+    ray_scale_out,
+    speed,
+)
+from polykv_agents.bench.suite import Suite
+
+_MODULES = (memory, quality, speed, ablation, peer, agents, graph_e2e, load_soak, grammar_overhead, ray_scale_out)
+SUITES: dict[str, Suite] = {module.SUITE.name: module.SUITE for module in _MODULES}
+"""Suite name -> suite (a documented registry: filled once, here, never changed at run time)."""

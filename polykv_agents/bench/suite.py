@@ -1,0 +1,136 @@
+"""The one shape every benchmark has: a :class:`Suite`.
+
+Data flow: ``polykv-agents bench <name>`` parses the suite's :attr:`Suite.options` (a pydantic model,
+one CLI option per field) -> :meth:`Suite.run` measures and returns a result (a pydantic model) ->
+:meth:`Suite.write` stores it as JSON next to its Markdown and plots in ``benchmarks/results/``.
+Later, ``python benchmarks/render_results.py`` calls :meth:`Suite.render` on every registered suite
+(:mod:`polykv_agents.bench.registry`): it reads the committed JSON only, never measures, rewrites the
+suite's Markdown and plots, and returns what the docs include: a section of docs/RESULTS.md and named
+Markdown blocks that fill ``<!-- BEGIN generated: NAME -->`` sections of other docs.
+
+:class:`TableSuite` is the suite for a :class:`~polykv_agents.bench.output.SuiteResult` whose Markdown
+is written by one function of :mod:`polykv_agents.bench.writers` (memory, speed, quality, ...).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from polykv_agents.bench.output import Progress, SuiteResult
+
+
+class SuiteOptions(BaseModel):
+    """Base of every suite's options: frozen, validated, each field's docstring is its CLI help.
+
+    A field's CLI flag is ``--field-name``, or ``Field(json_schema_extra={"flag": "--other"})``; a list
+    field is a repeatable option.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """What a suite contributes to the docs, rendered from its committed JSON."""
+
+    results: Sequence[str] = ()
+    """Lines of its section of docs/RESULTS.md (none: the suite has no section there)."""
+    blocks: dict[str, str] = field(default_factory=dict)
+    """Markdown for each ``<!-- BEGIN generated: NAME -->`` section of the other docs, by NAME."""
+
+
+OptionsT = TypeVar("OptionsT", bound=SuiteOptions)
+
+
+class Suite(Protocol):
+    """A benchmark: its name, its options, how it measures, how its result is written and rendered."""
+
+    name: str
+    """``polykv-agents bench <name>``; also the stem of its files in the results folder."""
+    summary: str
+    """What it measures, in one line (the command's ``--help``)."""
+    options: type[SuiteOptions]
+    """Its settings; the CLI makes one option of each field."""
+    reproduce: Sequence[Sequence[str]]
+    """The CLI arguments of each run behind the committed results (``benchmarks/run_all.sh`` runs them)."""
+
+    def run(self, options: Any, progress: Progress) -> BaseModel:
+        """Measure (load the model, warm up, repeat, take medians) and return everything measured."""
+        ...
+
+    def write(self, result: Any, out_dir: Path) -> list[Path]:
+        """Write the result's JSON, and its Markdown and plots where it has them; return the paths."""
+        ...
+
+    def render(self, results_dir: Path) -> Rendered | None:
+        """From the JSON in ``results_dir`` alone, rewrite the Markdown and plots and return what the docs
+        include; ``None`` when the suite has not run."""
+        ...
+
+
+def load_model_for(model: str | None):
+    """``(model, tokenizer)``: the embedded model, or the local/cached one named by ``--model``."""
+    from polykv_agents.engine import load_model
+
+    return load_model(model)
+
+
+def document_text(path: Path | None, chars: int = 60_000) -> str:
+    """The text of ``--document``, or the first ``chars`` characters of CPython's ``pydoc_data.topics``."""
+    if path is None:
+        from polykv_agents.eval.corpus import pydoc_documents
+
+        return pydoc_documents(1, chars_per_document=chars)[0]
+    from polykv_agents.pool.documents import document_text as decode
+
+    return decode(path.read_bytes())
+
+
+def results_section(markdown: str, command: str) -> list[str]:
+    """A suite's Markdown as a section of docs/RESULTS.md: its heading one level up, the command that
+    produced it under the heading, and its images relative to docs/."""
+    markdown = re.sub(r"\]\(([\w.-]+\.png)\)", r"](../benchmarks/results/\1)", markdown)
+    heading, body = markdown.replace("### ", "## ", 1).split("\n", 1)
+    return [heading, "", f"Produced by `{command}`.", body]
+
+
+@dataclass(frozen=True)
+class TableSuite(Generic[OptionsT]):
+    """A suite whose result is a :class:`SuiteResult`, written by ``writers.write_<name>``."""
+
+    name: str
+    summary: str
+    options: type[OptionsT]
+    measure: Callable[[OptionsT, Progress], SuiteResult]
+    """Runs the suite with its options, calling the progress callback once per step."""
+    command: str = ""
+    """The command docs/RESULTS.md names; default ``polykv-agents bench <name>``."""
+    reproduce: Sequence[Sequence[str]] = ((),)
+
+    def _writer(self) -> Callable[[SuiteResult, Path], list[Path]]:
+        # Imported when used: it needs the bench extras (matplotlib), whose absence the CLI reports
+        # before anything is measured.
+        writers = importlib.import_module("polykv_agents.bench.writers")
+        return writers.WRITERS[self.name]
+
+    def run(self, options: OptionsT, progress: Progress) -> SuiteResult:
+        self._writer()
+        return self.measure(options, progress)
+
+    def write(self, result: SuiteResult, out_dir: Path) -> list[Path]:
+        return self._writer()(result, out_dir)
+
+    def render(self, results_dir: Path) -> Rendered | None:
+        path = results_dir / f"{self.name}.json"
+        if not path.exists():
+            return None
+        self.write(SuiteResult.load(path), results_dir)  # a new presentation needs no new measurement
+        markdown = (results_dir / f"{self.name}.md").read_text()
+        return Rendered(results=results_section(markdown, self.command or f"polykv-agents bench {self.name}"))

@@ -1,0 +1,122 @@
+"""The :class:`Engine`: everything a process keeps between calls, in one object that can be passed around.
+
+An engine holds
+- ``models``: loaded models and tokenizers, one copy per (name, dtype, device);
+- ``pools``: the pools by digest, under a byte budget (:class:`~polykv_agents.pool.registry.PoolRegistry`);
+- ``schedulers``: the live batch schedulers, one per (model, pool, residency)
+  (:class:`~polykv_agents.runtime.scheduler_table.SchedulerTable`),
+and turns a runtime name into a :class:`~polykv_agents.runtime.backend.Backend`.
+
+``ChatPolyKV``, ``PrefetchDocument``, ``PooledAgent`` and the graphs take an engine, or use the
+process-wide default (:func:`default_engine`). A prefetch into an engine and role calls on it touch
+nothing else, so tests, benchmarks and multi-tenant servers can keep engines apart.
+
+Two memos stay attached to the objects they describe instead: a model's fingerprint
+(:mod:`polykv_agents.model.fingerprint`) and a tokenizer's grammar vocabulary and template probe
+(:mod:`polykv_agents.sampling.grammar`, :mod:`polykv_agents.prompting.tool_prompts`). They are pure
+functions of those objects, kept weakly, and give the same answer in every engine.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from polykv_agents.model.loading import ModelCache
+from polykv_agents.pool.registry import DEFAULT_MAX_BYTES, PoolRegistry
+from polykv_agents.runtime.backend import Backend, BatchedBackend, PrivateBackend, Runtime, check_runtime
+from polykv_agents.runtime.scheduler import SCHEDULER_IDLE_SECONDS
+from polykv_agents.runtime.scheduler_table import SchedulerTable
+
+BUDGET_ENV_VAR = "POLYKV_POOL_BUDGET_BYTES"
+"""Environment variable that sets the default engine's pool budget in bytes."""
+
+
+class Engine:
+    """Models, pools and schedulers shared by every agent and chat model that uses this engine.
+
+    Args:
+        max_pool_bytes: Byte budget of the pools held (least recently used evicted beyond it; a pool in
+            use never is); ``None``: unbounded.
+        scheduler_idle_seconds: Seconds a batch scheduler waits without work before it retires (freeing
+            its thread and decoded prefix); ``None``: never.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_pool_bytes: int | None = DEFAULT_MAX_BYTES,
+        scheduler_idle_seconds: float | None = SCHEDULER_IDLE_SECONDS,
+    ) -> None:
+        self.models = ModelCache()
+        self.pools = PoolRegistry(max_bytes=max_pool_bytes)
+        self.schedulers = SchedulerTable(idle_seconds=scheduler_idle_seconds)
+        self._backends: dict[str, Backend] = {
+            "decompressed": BatchedBackend(self.schedulers, "decompressed"),
+            "compressed": BatchedBackend(self.schedulers, "compressed"),
+            "private": PrivateBackend(),
+        }
+
+    def __repr__(self) -> str:
+        return f"Engine(models={len(self.models)}, pools={self.pools!r}, schedulers={len(self.schedulers)})"
+
+    def load_model(
+        self, name_or_path: str | None = None, *, dtype: torch.dtype | None = None, device: str = "cpu"
+    ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+        """``(model, tokenizer)``, loaded once per engine; see :meth:`ModelCache.load`."""
+        return self.models.load(name_or_path, dtype=dtype, device=device)
+
+    def backend(self, runtime: Runtime) -> Backend:
+        """The backend named ``runtime`` (``decompressed``, ``compressed`` or ``private``)."""
+        return self._backends[check_runtime(runtime)]
+
+    def close(self) -> None:
+        """Stop this engine's schedulers and forget its pools and models (objects still held elsewhere live on)."""
+        self.schedulers.close()
+        self.pools.clear()
+        self.models.clear()
+
+
+_DEFAULT: Engine | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_engine() -> Engine:
+    """The process-wide engine (created on first use; its pool budget comes from ``POLYKV_POOL_BUDGET_BYTES``)."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            _DEFAULT = Engine(max_pool_bytes=_budget_from_environment())
+        return _DEFAULT
+
+
+def load_model(
+    name_or_path: str | None = None, *, dtype: torch.dtype | None = None, device: str = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer through the default engine, once per process.
+
+    Args:
+        name_or_path: ``None`` (or ``"SmolLM2-135M-Instruct"``) for the embedded model, else a
+            local directory or a hub id already in the local cache.
+        dtype: Weights dtype; ``None`` keeps the checkpoint's (fp32 for the embedded GGUF).
+        device: ``"cpu"``, ``"cuda"``, ...
+
+    Raises:
+        ModelNotFoundError: The model is not on this machine; the message names the fix.
+        TypeError: The checkpoint is not a causal LM.
+    """
+    return default_engine().load_model(name_or_path, dtype=dtype, device=device)
+
+
+def _budget_from_environment() -> int:
+    value = os.environ.get(BUDGET_ENV_VAR)
+    if value is None:
+        return DEFAULT_MAX_BYTES
+    try:
+        return int(value)
+    except ValueError:
+        msg = f"{BUDGET_ENV_VAR} must be a whole number of bytes, got {value!r}"
+        raise ValueError(msg) from None

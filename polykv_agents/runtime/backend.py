@@ -1,0 +1,93 @@
+"""How a call reads its pool: the :class:`Backend` protocol and the two backends.
+
+- :class:`BatchedBackend`: concurrent calls over one pool join that pool's batch scheduler
+  (:mod:`~polykv_agents.runtime.scheduler`) and read ONE shared prefix through cascade attention; the
+  prefix is kept decoded (``decompressed``, fast) or decoded per layer on the fly (``compressed``, smallest).
+- :class:`PrivateBackend`: each call decodes the whole pool into a cache of its own (the reference design,
+  a baseline for benchmarks; also what calls without a pool use).
+
+Users pick one by name (:data:`Runtime`, a field of ``ChatPolyKV`` and ``PooledAgent``); an
+:class:`~polykv_agents.engine.Engine` turns the name into a backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Literal, Protocol, get_args
+
+from polykv_agents.model.architecture import unsupported_batched_attention
+from polykv_agents.runtime.private import private_tokens
+from polykv_agents.runtime.request import DecodeRequest
+from polykv_agents.runtime.scheduler_table import SchedulerTable
+from polykv_agents.runtime.shared_prefix import Residency
+
+logger = logging.getLogger(__name__)
+
+Runtime = Literal["decompressed", "compressed", "private"]
+"""A backend by name: ``decompressed`` / ``compressed`` are the batched backend with the prefix kept
+decoded or compressed; ``private`` is one decoded copy of the pool per call."""
+
+RUNTIMES: tuple[str, ...] = get_args(Runtime)
+
+
+class Backend(Protocol):
+    """Decodes one request. Closing the returned iterator cancels the call and frees its cache at once."""
+
+    name: str
+
+    def decode(self, request: DecodeRequest, budget: int) -> Iterator[int]:
+        """Token ids of ``request`` (EOS excluded), at most ``budget``; sets ``request.stats.finish_reason``."""
+        ...
+
+
+class PrivateBackend:
+    """Every call alone, over a cache of its own."""
+
+    name = "private"
+
+    def decode(self, request: DecodeRequest, budget: int) -> Iterator[int]:
+        return private_tokens(request, budget)
+
+
+class BatchedBackend:
+    """Calls over one pool batched into one forward pass per step, over one shared prefix.
+
+    Args:
+        schedulers: The table of live schedulers (an engine's).
+        residency: Whether the shared prefix is kept ``decompressed`` or ``compressed``.
+    """
+
+    def __init__(self, schedulers: SchedulerTable, residency: Residency) -> None:
+        self.schedulers = schedulers
+        self.residency: Residency = residency
+        self.name = residency
+        # model -> why cascade attention cannot serve it (None: it can); asked once per model.
+        self._verdicts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._verdicts_lock = threading.Lock()
+
+    def decode(self, request: DecodeRequest, budget: int) -> Iterator[int]:
+        if request.pool is None:  # nothing to share: the call decodes alone
+            return private_tokens(request, budget)
+        if self._unsupported(request.model) is not None:  # never served wrongly: the model's own attention
+            return private_tokens(request, budget)
+        return self.schedulers.submit(request, self.residency, budget)
+
+    def _unsupported(self, model) -> str | None:
+        with self._verdicts_lock:
+            if model in self._verdicts:
+                return self._verdicts[model]
+            reason = self._verdicts[model] = unsupported_batched_attention(model)
+        if reason is not None:
+            logger.warning("%s; its calls run on the private runtime (one decoded pool per call)", reason)
+        return reason
+
+
+def check_runtime(runtime: object) -> Runtime:
+    """``runtime`` checked against :data:`RUNTIMES`."""
+    if runtime not in RUNTIMES:
+        msg = f"runtime must be one of {', '.join(map(repr, RUNTIMES))}, got {runtime!r}"
+        raise ValueError(msg)
+    return runtime  # type: ignore[return-value]

@@ -1,0 +1,53 @@
+"""The private runtime: one call decodes alone, over a cache that only it holds.
+
+  a cache of the call's own: the whole pool decoded into it (the reference design), or empty
+  -> forward the prompt ``[n]`` at positions ``T .. T+n-1``
+  -> one token at a time until EOS, the grammar's end or the token budget.
+
+It serves calls without a pool, ``runtime="private"`` (a baseline for benchmarks), and models whose
+attention the batched runtime does not implement
+(:func:`~polykv_agents.model.architecture.unsupported_batched_attention`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache
+
+from polykv_agents.model.compat import forward_with_cache, new_dynamic_cache
+from polykv_agents.runtime.request import DecodeRequest
+from polykv_agents.sampling.settings import choose_token, eos_token_ids, token_constraint
+
+
+@torch.inference_mode()
+def _forward_last(model: PreTrainedModel, ids: torch.Tensor, cache: Cache, start_position: int) -> torch.Tensor:
+    logits = forward_with_cache(
+        model, ids.to(model.device).unsqueeze(0), cache, start_position=start_position, logits_to_keep=1
+    )
+    return logits[0, -1]  # [vocab]
+
+
+def private_tokens(request: DecodeRequest, budget: int) -> Iterator[int]:
+    """Token ids of ``request`` decoded over a cache of its own (EOS excluded); sets its finish reason."""
+    model, tokenizer, settings, stats = request.model, request.tokenizer, request.settings, request.stats
+    with torch.inference_mode():
+        cache = request.pool.to_cache(model) if request.pool is not None else new_dynamic_cache(model)
+    eos_ids = eos_token_ids(model, tokenizer)
+    generator = settings.make_generator()
+    constraint = token_constraint(model, tokenizer, settings)
+    logits = _forward_last(model, request.prompt_ids, cache, request.start_position)
+    position = request.start_position + request.prompt_ids.numel()
+    for step in range(budget):
+        token, reason = choose_token(logits, settings, generator, constraint, eos_ids)
+        if token is not None:
+            yield token
+        if reason is not None:
+            stats.finish_reason = reason
+            return
+        if step + 1 < budget:
+            logits = _forward_last(model, torch.tensor([token]), cache, position)
+            position += 1
+    stats.finish_reason = "length"

@@ -1,0 +1,113 @@
+"""A :class:`SchedulerTable`: the live batch schedulers of one engine, one per (model, pool, residency).
+
+Every call over the same pool on the same model must reach the same scheduler to be batched with the
+others; the table finds (or starts) it. A scheduler idle for ``idle_seconds`` retires and leaves the
+table; the next call starts a fresh one.
+
+Lock order: the table's lock, then a scheduler's own condition (submit and retirement both follow it),
+so a scheduler cannot retire between being looked up and receiving a request.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import weakref
+from collections.abc import Iterator
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from polykv_agents.pool.shared_pool import SharedKVPool
+from polykv_agents.runtime.request import DecodeRequest
+from polykv_agents.runtime.scheduler import SCHEDULER_IDLE_SECONDS, BatchScheduler
+from polykv_agents.runtime.shared_prefix import Residency
+from polykv_agents.sampling.settings import token_constraint
+
+logger = logging.getLogger(__name__)
+
+# Every table alive, so that interpreter exit can stop their worker threads.
+_TABLES: weakref.WeakSet[SchedulerTable] = weakref.WeakSet()
+
+
+class SchedulerTable:
+    """Batch schedulers by (model, pool digest, residency), started on first use, retired when idle.
+
+    Args:
+        idle_seconds: Seconds a scheduler waits without work before it retires; ``None``: never.
+    """
+
+    def __init__(self, idle_seconds: float | None = SCHEDULER_IDLE_SECONDS) -> None:
+        self.idle_seconds = idle_seconds
+        self._lock = threading.Lock()
+        # model -> {(pool digest, residency): scheduler}; a model that is gone takes its schedulers with it.
+        self._schedulers: weakref.WeakKeyDictionary[PreTrainedModel, dict[tuple[str, str], BatchScheduler]] = (
+            weakref.WeakKeyDictionary()
+        )
+        _TABLES.add(self)
+
+    def __len__(self) -> int:
+        """Schedulers alive (each a worker thread and, when decompressed, a decoded prefix)."""
+        with self._lock:
+            return sum(len(per_model) for per_model in self._schedulers.values())
+
+    def __repr__(self) -> str:
+        return f"SchedulerTable(live={len(self)}, idle_seconds={self.idle_seconds})"
+
+    def scheduler_for(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pool: SharedKVPool, residency: Residency
+    ) -> BatchScheduler:
+        """The one scheduler that batches every request over ``pool`` on ``model`` (until it retires)."""
+        with self._lock:
+            return self._registered(model, tokenizer, pool, residency)
+
+    def submit(self, request: DecodeRequest, residency: Residency, budget: int) -> Iterator[int]:
+        """Queue ``request`` on its pool's scheduler; returns its token ids."""
+        assert request.pool is not None, "a batched request reads a pool"
+        # Outside the lock: compiling a grammar can take a while, and a bad grammar fails here.
+        constraint = token_constraint(request.model, request.tokenizer, request.settings)
+        with self._lock:
+            scheduler = self._registered(request.model, request.tokenizer, request.pool, residency)
+            return scheduler.submit(request, budget, constraint)
+
+    def close(self) -> None:
+        """Stop every scheduler's worker thread (requests still queued are ended)."""
+        with self._lock:
+            schedulers = [s for per_model in self._schedulers.values() for s in per_model.values()]
+            self._schedulers.clear()
+        for scheduler in schedulers:
+            scheduler.close()
+
+    def _registered(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pool: SharedKVPool, residency: Residency
+    ) -> BatchScheduler:
+        """The live scheduler for ``(model, pool, residency)``, started if there is none; hold the lock."""
+        key = (pool.digest, residency)
+        per_model = self._schedulers.setdefault(model, {})
+        if key not in per_model:
+
+            def on_idle(scheduler: BatchScheduler) -> bool:
+                return self._retire(model, key, scheduler)
+
+            per_model[key] = BatchScheduler(
+                model, tokenizer, pool, residency=residency, on_idle=on_idle, idle_seconds=self.idle_seconds
+            )
+        return per_model[key]
+
+    def _retire(self, model: PreTrainedModel, key: tuple[str, str], scheduler: BatchScheduler) -> bool:
+        with self._lock:
+            if not scheduler.close_if_idle():
+                return False
+            per_model = self._schedulers.get(model, {})
+            if per_model.get(key) is scheduler:
+                del per_model[key]
+        logger.debug("scheduler for pool %s retired after %.0f s idle", key[0][:12], scheduler.idle_seconds or 0)
+        return True
+
+
+@atexit.register
+def _close_all_tables() -> None:
+    """Stop every worker thread at interpreter exit, where a thread still inside torch would abort the
+    process instead of letting it exit cleanly."""
+    for table in list(_TABLES):
+        table.close()
