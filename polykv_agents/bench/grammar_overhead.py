@@ -12,20 +12,18 @@ its construction 50 times.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress, column, markdown_table
-from polykv_agents.bench.suite import Rendered, SuiteOptions, load_model_for
+from polykv_agents.bench.suite import JsonSuite, Rendered, SuiteOptions, load_model_for
 
 SCHEMA = {
     "type": "object",
@@ -210,28 +208,20 @@ def readme_summary(result: GrammarOverheadResult) -> str:
     )
 
 
-class GrammarOverheadSuite:
+class GrammarOverheadSuite(JsonSuite[GrammarOverheadResult]):
     name = "grammar_overhead"
     summary = "What grammar-constrained decoding costs per token and per call."
+    result_type = GrammarOverheadResult
     options = GrammarOverheadOptions
     reproduce = ((),)
 
     def run(self, options: GrammarOverheadOptions, progress: Progress) -> GrammarOverheadResult:
         return run_grammar_overhead(options, progress)
 
-    def write(self, result: GrammarOverheadResult, out_dir: Path) -> list[Path]:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path, markdown = out_dir / f"{self.name}.json", out_dir / f"{self.name}.md"
-        path.write_text(json.dumps(result.model_dump(), indent=1), encoding="utf-8")
-        markdown.write_text(render_markdown(result), encoding="utf-8")
-        return [path, markdown]
+    def markdown(self, result: GrammarOverheadResult) -> str:
+        return render_markdown(result)
 
-    def render(self, results_dir: Path) -> Rendered | None:
-        path = results_dir / f"{self.name}.json"
-        if not path.exists():
-            return None
-        result = GrammarOverheadResult.model_validate_json(path.read_text())
-        (results_dir / f"{self.name}.md").write_text(render_markdown(result), encoding="utf-8")
+    def rendered(self, result: GrammarOverheadResult) -> Rendered:
         return Rendered(blocks={"grammar_overhead": readme_summary(result)})
 
 

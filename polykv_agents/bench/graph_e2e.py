@@ -10,7 +10,6 @@ of each on a short document first; then the median wall time per context.
 
 from __future__ import annotations
 
-import json
 import logging
 import platform
 import statistics
@@ -23,7 +22,7 @@ from pydantic import BaseModel, Field
 
 from polykv_agents.bench.baselines import ReprefillDocument
 from polykv_agents.bench.output import Progress
-from polykv_agents.bench.suite import Rendered, SuiteOptions, load_model_for
+from polykv_agents.bench.suite import JsonSuite, Rendered, SuiteOptions, load_model_for
 from polykv_agents.bench.workflows import LANGGRAPH_JSON, load_workflow
 from polykv_agents.graph.workflow import role_chat_model
 
@@ -166,26 +165,17 @@ def readme_summary(result: GraphE2EResult) -> str:
     return text + (f" (`polykv-agents bench graph_e2e`, median of {result.meta['repetitions']} after a warm-up).")
 
 
-class GraphE2ESuite:
+class GraphE2ESuite(JsonSuite[GraphE2EResult]):
     name = "graph_e2e"
     summary = "The 15-role document-review graph with one shared pool vs re-prefilling in every call."
+    result_type = GraphE2EResult
     options = GraphE2EOptions
     reproduce = (("--context", "2048", "--context", "4096"),)
 
     def run(self, options: GraphE2EOptions, progress: Progress) -> GraphE2EResult:
         return run_graph_e2e(options, progress)
 
-    def write(self, result: GraphE2EResult, out_dir: Path) -> list[Path]:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / f"{self.name}.json"
-        path.write_text(json.dumps(result.model_dump(), indent=1), encoding="utf-8")
-        return [path]
-
-    def render(self, results_dir: Path) -> Rendered | None:
-        path = results_dir / f"{self.name}.json"
-        if not path.exists():
-            return None
-        result = GraphE2EResult.model_validate_json(path.read_text())
+    def rendered(self, result: GraphE2EResult) -> Rendered:
         return Rendered(results=results_lines(result), blocks={"graph_e2e": readme_summary(result)})
 
 

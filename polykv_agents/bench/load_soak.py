@@ -14,7 +14,6 @@ The harness is :mod:`polykv_agents.bench.load` and :mod:`polykv_agents.bench.soa
 
 from __future__ import annotations
 
-import json
 import logging
 import sqlite3
 import tempfile
@@ -27,7 +26,7 @@ from pydantic import BaseModel, Field
 
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress
-from polykv_agents.bench.suite import Rendered, SuiteOptions, load_model_for
+from polykv_agents.bench.suite import JsonSuite, Rendered, SuiteOptions, load_model_for
 from polykv_agents.bench.workflows import LANGGRAPH_JSON, load_workflow
 
 logger = logging.getLogger(__name__)
@@ -196,9 +195,10 @@ def render_markdown(result: LoadSoakResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-class LoadSoakSuite:
+class LoadSoakSuite(JsonSuite[LoadSoakResult]):
     name = "load_soak"
     summary = "Many calls at once equal to the same calls alone; hundreds of graph runs without growth."
+    result_type = LoadSoakResult
     options = LoadSoakOptions
     reproduce = ((),)
 
@@ -216,19 +216,10 @@ class LoadSoakSuite:
             run_info=RunInfo.collect(model), load=load, soak=soak, total_seconds=time.perf_counter() - started
         )
 
-    def write(self, result: LoadSoakResult, out_dir: Path) -> list[Path]:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path, markdown = out_dir / f"{self.name}.json", out_dir / f"{self.name}.md"
-        path.write_text(json.dumps(result.model_dump(), indent=1), encoding="utf-8")
-        markdown.write_text(render_markdown(result), encoding="utf-8")
-        return [path, markdown]
+    def markdown(self, result: LoadSoakResult) -> str:
+        return render_markdown(result)
 
-    def render(self, results_dir: Path) -> Rendered | None:
-        path = results_dir / f"{self.name}.json"
-        if not path.exists():
-            return None
-        result = LoadSoakResult.model_validate_json(path.read_text())
-        (results_dir / f"{self.name}.md").write_text(render_markdown(result), encoding="utf-8")
+    def rendered(self, result: LoadSoakResult) -> Rendered:
         return Rendered(blocks={"load_soak": render_markdown(result)})
 
 

@@ -17,19 +17,17 @@ configurations are compared.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import MIB, Progress, column, markdown_table, mib_column
-from polykv_agents.bench.suite import Rendered, SuiteOptions, load_model_for
+from polykv_agents.bench.suite import JsonSuite, Rendered, SuiteOptions, load_model_for
 
 AGENTS = 15
 ROLES = [
@@ -239,9 +237,10 @@ def docs_table(result: RayScaleOutResult) -> str:
     return "\n".join(lines)
 
 
-class RayScaleOutSuite:
+class RayScaleOutSuite(JsonSuite[RayScaleOutResult]):
     name = "ray_scale_out"
     summary = "15 agents over one pool on a local Ray cluster: 3 simulated nodes against 1."
+    result_type = RayScaleOutResult
     options = RayScaleOutOptions
     reproduce = ((),)
 
@@ -257,19 +256,10 @@ class RayScaleOutSuite:
             answers_equal_across_configurations=all(r["answers"] == rows[0]["answers"] for r in rows),
         )  # fmt: skip
 
-    def write(self, result: RayScaleOutResult, out_dir: Path) -> list[Path]:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path, markdown = out_dir / f"{self.name}.json", out_dir / f"{self.name}.md"
-        path.write_text(json.dumps(result.model_dump(), indent=1), encoding="utf-8")
-        markdown.write_text(render_markdown(result), encoding="utf-8")
-        return [path, markdown]
+    def markdown(self, result: RayScaleOutResult) -> str:
+        return render_markdown(result)
 
-    def render(self, results_dir: Path) -> Rendered | None:
-        path = results_dir / f"{self.name}.json"
-        if not path.exists():
-            return None
-        result = RayScaleOutResult.model_validate_json(path.read_text())
-        (results_dir / f"{self.name}.md").write_text(render_markdown(result), encoding="utf-8")
+    def rendered(self, result: RayScaleOutResult) -> Rendered:
         return Rendered(blocks={"ray_scale_out": docs_table(result)})
 
 

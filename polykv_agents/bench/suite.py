@@ -8,6 +8,7 @@ Later, ``python benchmarks/render_results.py`` calls :meth:`Suite.render` on eve
 suite's Markdown and plots, and returns what the docs include: a section of docs/RESULTS.md and named
 Markdown blocks that fill ``<!-- BEGIN generated: NAME -->`` sections of other docs.
 
+:class:`JsonSuite` is the base of a suite whose result is one JSON file, with an optional Markdown table;
 :class:`TableSuite` is the suite for a :class:`~polykv_agents.bench.output.SuiteResult` whose Markdown
 is written by one function of :mod:`polykv_agents.bench.writers` (memory, speed, quality, ...).
 """
@@ -15,6 +16,7 @@ is written by one function of :mod:`polykv_agents.bench.writers` (memory, speed,
 from __future__ import annotations
 
 import importlib
+import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +49,7 @@ class Rendered:
 
 
 OptionsT = TypeVar("OptionsT", bound=SuiteOptions)
+ResultT = TypeVar("ResultT", bound=BaseModel)
 
 
 class Suite(Protocol):
@@ -134,3 +137,42 @@ class TableSuite(Generic[OptionsT]):
         self.write(SuiteResult.load(path), results_dir)  # a new presentation needs no new measurement
         markdown = (results_dir / f"{self.name}.md").read_text()
         return Rendered(results=results_section(markdown, self.command or f"polykv-agents bench {self.name}"))
+
+
+class JsonSuite(Generic[ResultT]):
+    """A suite whose result is one pydantic model stored as ``<name>.json``, with an optional Markdown table
+    ``<name>.md``. Subclasses set ``name``, ``summary``, ``options``, ``reproduce`` and ``result_type``, and
+    implement ``run``, :meth:`markdown` (if they have a table) and :meth:`rendered`."""
+
+    name: str
+    result_type: type[ResultT]
+
+    def markdown(self, result: ResultT) -> str | None:
+        """The suite's Markdown table (``None``: it has none)."""
+        return None
+
+    def rendered(self, result: ResultT) -> Rendered:
+        """What the docs include from ``result``."""
+        raise NotImplementedError
+
+    def write(self, result: ResultT, out_dir: Path) -> list[Path]:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / f"{self.name}.json"
+        path.write_text(json.dumps(result.model_dump(), indent=1), encoding="utf-8")
+        return [path, *self._write_markdown(result, out_dir)]
+
+    def render(self, results_dir: Path) -> Rendered | None:
+        path = results_dir / f"{self.name}.json"
+        if not path.exists():
+            return None
+        result = self.result_type.model_validate_json(path.read_text())
+        self._write_markdown(result, results_dir)  # a new presentation needs no new measurement
+        return self.rendered(result)
+
+    def _write_markdown(self, result: ResultT, out_dir: Path) -> list[Path]:
+        markdown = self.markdown(result)
+        if markdown is None:
+            return []
+        path = out_dir / f"{self.name}.md"
+        path.write_text(markdown, encoding="utf-8")
+        return [path]

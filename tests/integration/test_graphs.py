@@ -108,7 +108,9 @@ def run_graph(name: str, roles: list[str], tag: str) -> Run:
     started = time.perf_counter()
     result = graph.invoke(inputs(name, tag, roles), config)
     seconds = time.perf_counter() - started
-    return Run(name, roles, graph, checkpointer, config, result, default_engine().pools.build_count - builds_before, seconds)
+    return Run(
+        name, roles, graph, checkpointer, config, result, default_engine().pools.build_count - builds_before, seconds
+    )
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
-from tiny_models import tiny_llama, tiny_tokenizer
+from tiny_models import tiny_sensitive_llama, tiny_tokenizer
 
 from polykv_agents import Engine, SharedKVPool, load_model
 from polykv_agents.bench.load import load_cases, run_load
@@ -30,7 +30,7 @@ ROLES = [f"role {i}" for i in range(15)]
 def sensitive_model_dir(tmp_path_factory) -> str:
     """A tiny Llama whose answers depend strongly on the prompt, so an answer given to the wrong agent shows."""
     directory = tmp_path_factory.mktemp("sensitive-llama")
-    tiny_llama(seed=1, initializer_range=0.3).save_pretrained(directory)
+    tiny_sensitive_llama().save_pretrained(directory)
     tiny_tokenizer().save_pretrained(directory)
     return str(directory)
 

@@ -93,7 +93,9 @@ def test_a_chat_call_holds_a_lease_while_it_streams(tiny_model_dir):
     model, tokenizer = engine.load_model(tiny_model_dir)
     pool = SharedKVPool.prefill(model, tokenizer, DOCS[0])
     other = SharedKVPool.prefill(model, tokenizer, DOCS[1])
-    chat = ChatPolyKV(model=tiny_model_dir, max_tokens=8, engine=engine).with_pool(PoolHandle.from_pool(pool), document=DOCS[0])
+    chat = ChatPolyKV(model=tiny_model_dir, max_tokens=8, engine=engine).with_pool(
+        PoolHandle.from_pool(pool), document=DOCS[0]
+    )
     registry.put(pool)
     stream = chat.stream("What is shared?")
     next(stream)

@@ -12,7 +12,7 @@ import torch
 from langchain_core.exceptions import OutputParserException
 from langchain_core.messages import AIMessage
 from pydantic import BaseModel, ConfigDict, Field
-from tiny_models import tiny_llama
+from tiny_models import tiny_sensitive_llama
 from typing_extensions import TypedDict
 
 from polykv_agents import GenerationSettings, PooledAgent, SharedKVPool, load_model
@@ -40,7 +40,7 @@ def sensitive():
     """A tiny Llama whose greedy answers depend on the prompt, and a pool over DOC."""
     from tiny_models import tiny_tokenizer
 
-    model, tokenizer = tiny_llama(seed=1, initializer_range=0.3), tiny_tokenizer()
+    model, tokenizer = tiny_sensitive_llama(), tiny_tokenizer()
     return model, tokenizer, SharedKVPool.prefill(model, tokenizer, DOC)
 
 
@@ -163,7 +163,7 @@ def test_the_grammar_is_plain_json_text(chat):
 @pytest.mark.parametrize("runtime", ["private", "decompressed"])
 def test_masking_works_on_bf16_inference_logits(runtime, tiny_tok):
     """The mask is applied in place to the forward pass's inference tensors, in the model's dtype."""
-    model = tiny_llama(seed=1, initializer_range=0.3).to(torch.bfloat16)
+    model = tiny_sensitive_llama().to(torch.bfloat16)
     pool = SharedKVPool.prefill(model, tiny_tok, DOC)
     settings = GenerationSettings(max_new_tokens=400, grammar=json_schema_grammar(Finding.model_json_schema()))
     ids = list(PooledAgent(pool, model, tiny_tok, runtime=runtime).generate_ids("Report one finding.", settings))

@@ -65,9 +65,7 @@ def plain_greedy(model, ids: torch.Tensor) -> list[int]:
     return out[0, ids.numel() :].tolist()
 
 
-def test_a_model_with_attention_sinks_is_served_by_the_private_runtime_and_stays_exact(
-    sinks_model, sinks_pool, caplog
-):
+def test_a_model_with_attention_sinks_is_served_by_the_private_runtime_and_stays_exact(sinks_model, sinks_pool, caplog):
     engine = Engine()
     tok = tiny_tokenizer()
     agent = PooledAgent(sinks_pool, sinks_model, tok, engine=engine)  # the batched runtime by default

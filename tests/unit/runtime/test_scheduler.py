@@ -201,7 +201,12 @@ def test_a_row_that_ends_at_its_first_token_leaves_the_rows_admitted_with_it_unc
 
 
 def test_requests_beyond_max_batch_size_wait_for_a_free_row(model, tiny_tok, pool):
-    scheduler = BatchScheduler(model, tiny_tok, pool, max_batch_size=2)
+    """Also over a prefix kept compressed: the scheduler decodes it per layer and holds none of it."""
+    scheduler = BatchScheduler(model, tiny_tok, pool, residency="compressed", max_batch_size=2)
+    assert scheduler.prefix.resident_nbytes == 0
+    assert (scheduler.peak_batch_size, scheduler.peak_suffix_nbytes) == (0, 0)
+    # A named daemon thread: it shows in thread dumps, and never keeps the interpreter from exiting.
+    assert (scheduler._thread.name, scheduler._thread.daemon) == ("polykv-scheduler", True)
     prompts = [_prompt(pool, model, tiny_tok, i) for i in range(4)]
     settings = [GenerationSettings(max_new_tokens=n) for n in (4, 9, 6, 3)]
     expected = [_sequential(model, tiny_tok, pool, p, s) for p, s in zip(prompts, settings, strict=True)]
@@ -210,7 +215,9 @@ def test_requests_beyond_max_batch_size_wait_for_a_free_row(model, tiny_tok, poo
         streams = [_submit(scheduler, p, s)[0] for p, s in zip(prompts, settings, strict=True)]
     assert [list(stream) for stream in streams] == expected
     assert scheduler.peak_batch_size == 2
+    assert scheduler.peak_suffix_nbytes > 0
     scheduler.close()
+    assert not scheduler._thread.is_alive()  # close() waits for the worker
 
 
 class _BrokenGrammar:
@@ -234,4 +241,22 @@ def test_a_failing_grammar_ends_only_its_own_row(model, tiny_tok, pool):
         list(failing)
     assert broken.stats.finish_reason == "stop"
     assert list(healthy) == expected
+    scheduler.close()
+
+
+def test_a_row_that_reaches_eos_ends_with_reason_stop_and_the_others_go_on(model, tiny_tok, pool):
+    scheduler = BatchScheduler(model, tiny_tok, pool)
+    prompts = [_prompt(pool, model, tiny_tok, i) for i in range(2)]
+    settings = GenerationSettings(max_new_tokens=10)
+    expected = [_sequential(model, tiny_tok, pool, p, settings) for p in prompts]
+    eos = expected[0][4]  # the first row's fifth token stands in for EOS here
+    scheduler._eos_ids = frozenset({eos})
+    with scheduler._wake:
+        submitted = [_submit(scheduler, p, settings) for p in prompts]
+    ends = [tokens.index(eos) if eos in tokens else None for tokens in expected]
+    assert ends[0] == 4
+    assert [list(stream) for stream, _ in submitted] == [
+        tokens[:end] for tokens, end in zip(expected, ends, strict=True)
+    ]
+    assert [stats.finish_reason for _, stats in submitted] == ["length" if end is None else "stop" for end in ends]
     scheduler.close()
