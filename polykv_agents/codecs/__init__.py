@@ -9,7 +9,7 @@ modules of their own.
 
 from __future__ import annotations
 
-from polykv_agents.codecs.dispatch import TensorCodec, build_codec, decode
+from polykv_agents.codecs.dispatch import TensorCodec, decode
 from polykv_agents.codecs.encoded import EncodedTensor
 
-__all__ = ["EncodedTensor", "TensorCodec", "build_codec", "decode"]
+__all__ = ["EncodedTensor", "TensorCodec", "decode"]

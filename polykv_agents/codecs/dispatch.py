@@ -1,4 +1,4 @@
-"""Build codecs from their configs, and decode any :class:`EncodedTensor` from its own metadata.
+"""Decode any :class:`EncodedTensor` from its own metadata.
 
 The codecs themselves are registered once, in :data:`polykv_agents.config.AnyCodecConfig`: a config
 class names its codec (``codec_class``) and builds it (``build``); decoding looks the codec up by
@@ -12,7 +12,7 @@ from typing import Protocol
 import torch
 
 from polykv_agents.codecs.encoded import EncodedTensor
-from polykv_agents.config import CODEC_METHODS, CodecConfig, codec_config_class
+from polykv_agents.config import CODEC_METHODS, codec_config_class
 
 
 class TensorCodec(Protocol):
@@ -23,11 +23,6 @@ class TensorCodec(Protocol):
     def encode(self, x: torch.Tensor) -> EncodedTensor: ...
 
     def decode(self, enc: EncodedTensor, dtype: torch.dtype | None = None) -> torch.Tensor: ...
-
-
-def build_codec(config: CodecConfig, *, seed: int = 0) -> TensorCodec:
-    """The codec described by ``config``; ``seed`` drives TurboQuant's random rotation."""
-    return config.build(seed)
 
 
 def decode(enc: EncodedTensor, dtype: torch.dtype | None = None) -> torch.Tensor:

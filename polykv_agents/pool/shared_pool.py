@@ -24,7 +24,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
-from polykv_agents.codecs import EncodedTensor, build_codec, decode
+from polykv_agents.codecs import EncodedTensor, decode
 from polykv_agents.config import CompressionConfig, compression_config
 from polykv_agents.model.architecture import check_causal_lm
 from polykv_agents.model.compat import cache_from_key_values, layer_key_values
@@ -176,8 +176,8 @@ class SharedKVPool:
         """Compress a full-precision ``cache`` of ``token_ids [T]`` into a pool. The cache is only
         read, so a caller can keep using it (the perplexity evaluation does)."""
         config = compression_config(config)
-        key_codec = build_codec(config.keys, seed=config.seed)
-        value_codec = build_codec(config.values, seed=config.seed + 1)  # independent rotation signs
+        key_codec = config.keys.build(seed=config.seed)
+        value_codec = config.values.build(seed=config.seed + 1)  # independent rotation signs
         num_tokens = token_ids.numel()
         layers, fp16_nbytes, model_dtype_nbytes = [], 0, 0
         with torch.inference_mode():
