@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import threading
 
-import psutil
-
 
 class PeakRss:
     """Samples this process's RSS every ``interval_s`` while the block runs; ``peak_bytes`` after.
@@ -21,6 +19,8 @@ class PeakRss:
     def __init__(self, interval_s: float = 0.005) -> None:
         self.interval_s = interval_s
         self.peak_bytes = 0
+        import psutil  # the bench extra: imported where used, so the CLI starts without it
+
         self._process = psutil.Process()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -8,7 +8,6 @@ import statistics
 from collections.abc import Sequence
 
 from pydantic import BaseModel
-from scipy import stats
 
 
 class Interval(BaseModel):
@@ -35,6 +34,8 @@ def mean_interval(samples: Sequence[float], confidence: float = 0.95) -> Interva
     mean = statistics.fmean(samples)
     half = 0.0
     if len(samples) > 1:
+        from scipy import stats  # the bench extra: imported where used, so the CLI starts without it
+
         sem = statistics.stdev(samples) / math.sqrt(len(samples))
         half = float(stats.t.ppf(0.5 + confidence / 2, df=len(samples) - 1)) * sem
     return Interval(

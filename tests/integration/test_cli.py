@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import pytest
@@ -143,3 +144,19 @@ def test_eval_ppl_preset_max_is_smaller_than_the_default(smollm, text_file):
         return json.loads(result.stdout)["compression_ratio"]
 
     assert ratio("--preset", "max") > ratio() + 1.0  # tq4 keys: 4.3x against 2.8x, measured
+
+
+def test_the_cli_starts_without_the_optional_extras():
+    """`pip install -e .` (no bench or ray extra) must be enough for `polykv-agents demo`: the bench commands
+    are listed, and their extras are imported only when one of them runs."""
+    blocked = ["scipy", "matplotlib", "psutil", "ray"]
+    code = (
+        "import sys\n"
+        f"for name in {blocked!r}: sys.modules[name] = None  # importing it now raises ImportError\n"
+        "from typer.testing import CliRunner\n"
+        "from polykv_agents.cli.main import app\n"
+        "result = CliRunner().invoke(app, ['--help'])\n"
+        "assert result.exit_code == 0, result.output\n"
+        "assert 'demo' in result.output and 'bench' in result.output\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=120)

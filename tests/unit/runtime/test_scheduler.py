@@ -150,7 +150,9 @@ def test_an_idle_scheduler_retires_and_the_next_request_starts_a_fresh_one(model
         retired._thread.join(timeout=10)  # its worker ends once idle for 0.6 s
     assert not retired._thread.is_alive()
     assert f"scheduler for pool {pool.digest[:12]} retired after 1 s idle" in caplog.messages
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(
+        RuntimeError, match=r"this scheduler is closed; submit through a SchedulerTable \(an Engine's\)"
+    ):
         retired.submit(DecodeRequest(model, tiny_tok, agent.prompt_ids("Go."), settings, pool=pool), 6)
     assert list(agent.generate_ids("Go.", settings)) == first
     assert engine.schedulers.scheduler_for(model, tiny_tok, pool, "decompressed") is not retired
@@ -260,3 +262,56 @@ def test_a_row_that_reaches_eos_ends_with_reason_stop_and_the_others_go_on(model
     ]
     assert [stats.finish_reason for _, stats in submitted] == ["length" if end is None else "stop" for end in ends]
     scheduler.close()
+
+
+def test_a_failed_decode_step_reaches_every_running_row_and_the_next_request_starts_clean(
+    model, tiny_tok, pool, caplog
+):
+    scheduler = BatchScheduler(model, tiny_tok, pool)
+    decode_step = scheduler._decode_step
+    failures = []
+
+    def fail_once() -> None:
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("decode step failed on purpose")
+        decode_step()
+
+    scheduler._decode_step = fail_once
+    prompts = [_prompt(pool, model, tiny_tok, i) for i in range(3)]
+    settings = GenerationSettings(max_new_tokens=6)
+    expected = [_sequential(model, tiny_tok, pool, p, settings) for p in prompts]
+    assert_pairwise_distinct(expected)
+    with caplog.at_level(logging.ERROR, logger="polykv_agents.runtime.scheduler"), scheduler._wake:
+        streams = [_submit(scheduler, p, settings)[0] for p in prompts[:2]]
+    for stream in streams:
+        with pytest.raises(RuntimeError, match="on purpose"):
+            list(stream)
+    assert "batched decode step failed" in caplog.messages
+    assert list(_submit(scheduler, prompts[2], settings)[0]) == expected[2]  # over an emptied batch
+    scheduler.close()
+
+
+def test_closing_ends_running_and_waiting_requests_with_reason_stop(model, tiny_tok, pool):
+    scheduler = BatchScheduler(model, tiny_tok, pool, max_batch_size=1)
+    prompts = [_prompt(pool, model, tiny_tok, i) for i in range(2)]
+    settings = GenerationSettings(max_new_tokens=500)
+    running, running_stats = _submit(scheduler, prompts[0], settings)
+    next(running)
+    waiting, waiting_stats = _submit(scheduler, prompts[1], settings)  # no free row: it waits
+    scheduler.close()
+    assert len(list(running)) < 499
+    assert list(waiting) == []
+    assert (running_stats.finish_reason, waiting_stats.finish_reason) == ("stop", "stop")
+
+
+def test_a_scheduler_told_never_to_retire_outlives_its_idle_time(model, tiny_tok):
+    """Benchmarks that read peaks set ``idle_seconds = None`` on a live scheduler: it must then stay."""
+    engine = Engine(scheduler_idle_seconds=0.2)
+    pool = SharedKVPool.prefill(model, tiny_tok, "A document of this test alone, read by a scheduler that stays.")
+    scheduler = engine.schedulers.scheduler_for(model, tiny_tok, pool, "decompressed")
+    scheduler.idle_seconds = None  # its worker is already waiting with the 0.2 s timeout
+    scheduler._thread.join(timeout=1.0)
+    assert scheduler._thread.is_alive()
+    assert engine.schedulers.scheduler_for(model, tiny_tok, pool, "decompressed") is scheduler
+    engine.close()
