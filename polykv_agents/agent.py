@@ -1,8 +1,9 @@
 """PooledAgent: answers questions from a SharedKVPool without re-reading the document.
 
 An agent is a role prompt bound to a pool and a model: its question and role prompt become a
-chat-template continuation of the pool's prefix, and :mod:`polykv_agents.runtime.decoding` generates from
-there. The pool is only read: every call decodes it into a cache owned by that call.
+chat-template continuation of the pool's prefix (:mod:`polykv_agents.prompting.encode`), and the engine's
+backend generates from there (:mod:`polykv_agents.runtime.generate`). The pool is only read: every call
+decodes into caches of its own.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from polykv_agents.model.architecture import check_causal_lm
 from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.prompting.chat_template import agent_turns
 from polykv_agents.prompting.encode import encode_prompt
-from polykv_agents.runtime.backend import Runtime, check_runtime
+from polykv_agents.runtime.backend import Backend, Runtime, check_runtime
 from polykv_agents.runtime.generate import generate_text, generate_token_ids
 from polykv_agents.runtime.request import DecodeRequest
 from polykv_agents.sampling.settings import GenerationSettings
@@ -107,7 +108,7 @@ class PooledAgent:
     def _request(self, question: str, settings: GenerationSettings) -> DecodeRequest:
         return DecodeRequest(self.model, self.tokenizer, self.prompt_ids(question), settings, pool=self.pool)
 
-    def _backend(self):
+    def _backend(self) -> Backend:
         return self.engine.backend(self.runtime)
 
     def generate(self, question: str, **kwargs) -> str:

@@ -124,3 +124,9 @@ def test_bits_must_be_a_plain_int(bits: object) -> None:
     """bool is an int subclass and 2.5 lies in 1..8: both must still be refused."""
     with pytest.raises(ValueError, match=r"^bits must be an int in 1\.\.8, got "):
         packed_length(8, bits)  # type: ignore[arg-type]
+
+
+def test_too_wide_codes_name_the_limit_and_the_largest_code() -> None:
+    with pytest.raises(ValueError, match=r"^codes must all be < 2\*\*bits = 4, got max 5; raise bits$"):
+        pack_codes(torch.tensor([0, 5, 3], dtype=torch.uint8), 2)
+    assert pack_codes(torch.tensor([255], dtype=torch.uint8), 8).tolist() == [255, 0, 0, 0, 0, 0, 0, 0]

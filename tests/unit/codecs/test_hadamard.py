@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
+from polykv_agents.codecs import hadamard
 from polykv_agents.codecs.hadamard import (
+    MAX_ROTATION_DIM,
     hadamard_matrix,
     has_hadamard,
     random_rotation,
@@ -131,7 +133,13 @@ def test_random_rotation_argument_errors() -> None:
         random_rotation(8, seed=-1)
     with pytest.raises(ValueError, match="dtype"):
         random_rotation(8, seed=0, dtype=torch.int32)
-    with pytest.raises(ValueError, match="random_signs"):
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"^random_signs=False needs a Hadamard matrix of order 7, and none can be built; use random_signs=True "
+            r"\(Haar fallback\) or a Hadamard order such as a power of two$"
+        ),
+    ):
         random_rotation(7, seed=0, random_signs=False)
     with pytest.raises(ValueError, match="dim"):
         rotation_kind(0)
@@ -150,3 +158,97 @@ def test_error_messages_name_the_argument_and_the_fix() -> None:
         ),
     ):
         hadamard_matrix(52)
+
+
+def _legendre(x: int, q: int) -> int:
+    """chi(x) mod a prime q by Euler's criterion (independent of the squares table in the module)."""
+    r = pow(x % q, (q - 1) // 2, q)
+    return {0: 0, 1: 1, q - 1: -1}[r]
+
+
+def _textbook_paley(m: int, kind: str) -> list[list[float]]:
+    """Paley I (prime ``q = m - 1 ≡ 3 mod 4``) or II (prime ``q = m / 2 - 1 ≡ 1 mod 4``), entry by entry."""
+    if kind == "I":  # H = I + S, S = [[0, 1ᵀ], [-1, Q]], Q[i, j] = chi(j - i)
+        q = m - 1
+        s = [[0] * m for _ in range(m)]
+        for j in range(1, m):
+            s[0][j], s[j][0] = 1, -1
+        for i in range(1, m):
+            for j in range(1, m):
+                s[i][j] = _legendre(j - i, q)
+        return [[float(s[i][j] + (i == j)) for j in range(m)] for i in range(m)]
+    # H = C ⊗ [[1, -1], [-1, -1]] + I ⊗ [[1, 1], [1, -1]], C = [[0, 1ᵀ], [1, Q]]
+    q = m // 2 - 1
+    c = [[0] * (q + 1) for _ in range(q + 1)]
+    for j in range(1, q + 1):
+        c[0][j] = c[j][0] = 1
+    for i in range(1, q + 1):
+        for j in range(1, q + 1):
+            c[i][j] = _legendre(j - i, q)
+    a, b = [[1, -1], [-1, -1]], [[1, 1], [1, -1]]
+    return [
+        [float(c[i // 2][j // 2] * a[i % 2][j % 2] + (i // 2 == j // 2) * b[i % 2][j % 2]) for j in range(m)]
+        for i in range(m)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("n", "paley_order", "kind"),
+    [(12, 12, "I"), (20, 20, "I"), (28, 28, "II"), (36, 36, "II"), (24, 12, "I"), (112, 28, "II")],
+)
+def test_hadamard_matrix_is_the_textbook_construction(n: int, paley_order: int, kind: str) -> None:
+    """The exact matrix is part of the storage format: a record stores the seed, not the rotation.
+
+    I - S (the transpose) and C ⊗ A - I ⊗ B are Hadamard matrices too, so the Hadamard property
+    alone would not notice if the construction switched to them and old pools decoded wrongly.
+    Orders 12, 20 are Paley I, 28, 36 Paley II; 24 = 12 x 2 and 112 = 28 x 4 put the Paley
+    factor outside: ``kron(paley, sylvester)``.
+    """
+    expected = torch.kron(
+        torch.tensor(_textbook_paley(paley_order, kind), dtype=torch.float64), hadamard_matrix(n // paley_order)
+    )
+    assert torch.equal(hadamard_matrix(n), expected)
+    sylvester_4 = torch.tensor([[1, 1, 1, 1], [1, -1, 1, -1], [1, 1, -1, -1], [1, -1, -1, 1]], dtype=torch.float64)
+    assert torch.equal(hadamard_matrix(4), sylvester_4)
+
+
+def test_is_prime_and_paley_kind() -> None:
+    primes = [q for q in range(60) if hadamard._is_prime(q)]
+    assert primes == [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59]
+    # Paley I: q = m - 1 prime and 3 mod 4; Paley II: q = m / 2 - 1 prime and 1 mod 4.
+    kinds = {m: hadamard._paley_kind(m) for m in (4, 8, 12, 20, 24, 28, 36, 44, 52, 60, 76)}
+    assert kinds == {
+        4: "I",
+        8: "I",
+        12: "I",
+        20: "I",
+        24: "I",
+        28: "II",
+        36: "II",
+        44: "I",
+        52: None,
+        60: "I",
+        76: "II",
+    }
+
+
+@pytest.mark.parametrize("bad", [True, 2.0, "8"])
+def test_non_int_orders_are_refused(bad: object) -> None:
+    assert not has_hadamard(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^dim must be an int in 1\.\.4096"):
+        rotation_kind(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^n must be an int in 1\.\.4096"):
+        hadamard_matrix(bad)  # type: ignore[arg-type]
+
+
+def test_largest_order_and_seed_bounds() -> None:
+    assert rotation_kind(MAX_ROTATION_DIM) == "hadamard"
+    assert MAX_ROTATION_DIM == 4096
+    with pytest.raises(ValueError, match=r"^dim must be an int in 1\.\.4096, got 0$"):
+        random_rotation(0, seed=0)
+    largest = random_rotation(8, seed=2**63 - 1)
+    assert _orthogonality_error(largest) < 1e-6
+    assert torch.equal(random_rotation(8, seed=127), random_rotation(8, seed=127))  # 127 > 2 * 63: a power bounds it
+    for seed in (2**63, -1, True, 1.0):
+        with pytest.raises(ValueError, match=r"^seed must be an int in 0\.\.2\*\*63 - 1, got "):
+            random_rotation(8, seed=seed)  # type: ignore[arg-type]

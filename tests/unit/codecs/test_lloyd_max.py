@@ -173,3 +173,56 @@ def test_three_bit_table_to_four_decimals() -> None:
     )
     assert boundaries.tolist() == pytest.approx([-1.7479, -1.0500, -0.5006, 0.0, 0.5006, 1.0500, 1.7479], abs=1e-4)
     assert gaussian_lloyd_max_mse(3) == pytest.approx(0.03454, abs=1e-5)
+
+
+def _reference_mass(a: float, b: float) -> float:
+    """P(a < X < b) from the upper tail of whichever side is smaller (no cancellation)."""
+    if a >= 0:
+        return 0.5 * (math.erfc(a / math.sqrt(2.0)) - math.erfc(b / math.sqrt(2.0)))
+    if b <= 0:
+        return _reference_mass(-b, -a)
+    return 1.0 - _reference_mass(-math.inf, a) - _reference_mass(b, math.inf)
+
+
+def test_cell_mass_is_the_normal_probability_in_the_middle_and_both_tails() -> None:
+    # The solver's cells never straddle 0 (the middle boundary is exactly 0), so straddling cells
+    # are checked here directly, next to far-tail cells where erf(b) - erf(a) would round to 0.
+    cells = [(-1.0, 0.5), (-0.3, 2.0), (-math.inf, math.inf), (-2.0, -1.0), (1.0, 2.0), (8.0, 9.0), (-9.0, -8.0)]
+    lo = torch.tensor([a for a, _ in cells], dtype=torch.float64)
+    hi = torch.tensor([b for _, b in cells], dtype=torch.float64)
+    mass = lloyd_max._cell_mass(lo, hi).tolist()
+    assert mass == pytest.approx([_reference_mass(a, b) for a, b in cells], rel=1e-12)
+    assert mass[-1] == mass[-2] > 0
+
+
+def test_code_lookup_dtypes() -> None:
+    centroids, _ = gaussian_lloyd_max(2)
+    codes = torch.tensor([[3, 0], [1, 2]], dtype=torch.uint8)
+    # The result is float32 whatever the table's dtype.
+    values = codes_to_values(codes, centroids.double())
+    assert values.dtype == torch.float32
+    assert torch.equal(values, centroids[codes.long()])
+    with pytest.raises(ValueError, match=r"^codes must be an integer tensor, got torch\.bool$"):
+        codes_to_values(torch.zeros(3, dtype=torch.bool), centroids)
+    with pytest.raises(ValueError, match=r"^codes must be an integer tensor, got torch\.complex64$"):
+        codes_to_values(torch.zeros(3, dtype=torch.complex64), centroids)
+
+
+def test_comparisons_happen_in_the_documented_working_precision() -> None:
+    """float64 input is compared in float64, everything else in float32 (boundaries included).
+
+    Half inputs are upcast rather than the boundaries rounded down: 0.500488 (the float16 just
+    above 0.5) lies above a 0.5004 boundary, which float16 would round up to the input itself.
+    """
+    half = torch.tensor([0.500488], dtype=torch.float16)
+    assert quantize_to_codes(half, torch.tensor([0.5004])).tolist() == [1]
+    assert quantize_to_codes(torch.tensor([0.5 + 1e-12], dtype=torch.float64), torch.tensor([0.5])).tolist() == [1]
+    # A float64 table is rounded to float32 for float32 input: 0.5 - 1e-12 becomes 0.5 >= x.
+    assert quantize_to_codes(torch.tensor([0.5]), torch.tensor([0.5 - 1e-12], dtype=torch.float64)).tolist() == [0]
+
+
+@pytest.mark.parametrize("bits", [True, 3.0])
+def test_bits_must_be_a_plain_int(bits: object) -> None:
+    for getter in (gaussian_lloyd_max, gaussian_lloyd_max_mse):
+        with pytest.raises(ValueError, match=r"^bits must be an int in 1\.\.8, got "):
+            getter(bits)  # type: ignore[arg-type]
