@@ -20,8 +20,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress, SuiteResult
-from polykv_agents.bench.suite import SuiteOptions, TableSuite, load_model_for
-from polykv_agents.bench.sweep import delta_fields, delta_samples
+from polykv_agents.bench.suite import TableSuite, load_model_for
+from polykv_agents.bench.sweep import SweepOptions, delta_fields, delta_samples
 from polykv_agents.config import CodecConfig, CompressionConfig
 
 MAX_PRESET_BUDGET_PCT = 1.0
@@ -140,15 +140,9 @@ def _summary(rows: list[dict]) -> dict:
     }
 
 
-class AblationOptions(SuiteOptions):
-    contexts: list[int] = Field(default=[2048, 4096], json_schema_extra={"flag": "--context"})
-    """Context length (repeatable)."""
-    documents: int = Field(default=5, ge=1)
-    """Disjoint pydoc_data.topics texts to average over."""
+class AblationOptions(SweepOptions):
     seeds: int = Field(default=3, ge=1)
     """Rotation seeds per seed-dependent config."""
-    model: str | None = None
-    """Local HF model dir or cached id; default: embedded."""
 
 
 def _measure(options: AblationOptions, progress: Progress) -> SuiteResult:

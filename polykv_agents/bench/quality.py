@@ -22,8 +22,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from polykv_agents.agent import PooledAgent
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress, SuiteResult
-from polykv_agents.bench.suite import SuiteOptions, TableSuite, load_model_for
-from polykv_agents.bench.sweep import delta_fields, delta_samples
+from polykv_agents.bench.suite import TableSuite, load_model_for
+from polykv_agents.bench.sweep import SweepOptions, delta_fields, delta_samples
 from polykv_agents.config import CompressionConfig
 from polykv_agents.eval.agreement import exact_match, token_f1
 from polykv_agents.pool.prefill import prefill_cache
@@ -132,13 +132,9 @@ def run_quality_suite(
     )
 
 
-class QualityOptions(SuiteOptions):
+class QualityOptions(SweepOptions):
     contexts: list[int] = Field(default=[600, 2048, 4096, 7168], json_schema_extra={"flag": "--context"})
     """Context length (repeatable)."""
-    documents: int = Field(default=5, ge=1)
-    """Disjoint pydoc_data.topics texts to average over."""
-    model: str | None = None
-    """Local HF model dir or cached id; default: embedded."""
 
 
 def _measure(options: QualityOptions, progress: Progress) -> SuiteResult:

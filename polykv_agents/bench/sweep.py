@@ -5,11 +5,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pydantic import Field
+
 from polykv_agents.bench.output import Progress
 from polykv_agents.bench.stats import mean_interval
+from polykv_agents.bench.suite import SuiteOptions
 from polykv_agents.config import CompressionConfig
 from polykv_agents.eval.perplexity import perplexity_deltas
 
+
+class SweepOptions(SuiteOptions):
+    """Options of a sweep over context lengths and disjoint texts (the quality and ablation suites)."""
+
+    contexts: list[int] = Field(default=[2048, 4096], json_schema_extra={"flag": "--context"})
+    """Context length (repeatable)."""
+    documents: int = Field(default=5, ge=1)
+    """Disjoint pydoc_data.topics texts to average over."""
+    model: str | None = None
+    """Local HF model dir or cached id; default: embedded."""
 
 def delta_samples(
     model, tokenizer, texts: Sequence[str], contexts: Sequence[int], runs: Sequence[tuple[str, CompressionConfig]],

@@ -78,4 +78,5 @@ def test_300_workflow_runs_keep_memory_tensors_and_threads_bounded(tiny_model_di
     assert grew.live_tensor_bytes <= 4 * 1024 * 1024, samples
     assert grew.threads <= 8, samples
     assert grew.rss_bytes <= 64 * 1024 * 1024, samples
+    assert soak_engine.pools.build_count >= 300  # every run built its pool in the engine it was given
     conn.close()

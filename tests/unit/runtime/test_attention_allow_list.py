@@ -75,8 +75,10 @@ def test_a_model_with_attention_sinks_is_served_by_the_private_runtime_and_stays
     ids = torch.cat([sinks_pool.token_ids, agent.prompt_ids("What is it?")])
     assert first == second == plain_greedy(sinks_model, ids)
     assert len(engine.schedulers) == 0  # no batch scheduler was started for it
-    warnings = [r for r in caplog.records if "attention sinks" in r.getMessage()]
-    assert len(warnings) == 1  # said once per model, not per call
+    warnings = [r.getMessage() for r in caplog.records if "attention sinks" in r.getMessage()]
+    reason = unsupported_batched_attention(sinks_model)
+    # said once per model, not per call, with what happens to its calls
+    assert warnings == [f"{reason}; its calls run on the private runtime (one decoded pool per call)"]
 
 
 def test_the_cascade_kernel_itself_refuses_an_attention_feature_it_lacks(sinks_model, sinks_pool):
