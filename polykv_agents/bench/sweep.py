@@ -24,6 +24,7 @@ class SweepOptions(SuiteOptions):
     model: str | None = None
     """Local HF model dir or cached id; default: embedded."""
 
+
 def delta_samples(
     model, tokenizer, texts: Sequence[str], contexts: Sequence[int], runs: Sequence[tuple[str, CompressionConfig]],
     continuation_tokens: int, progress: Progress,
