@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 import warnings
 from collections import Counter, OrderedDict
@@ -449,4 +450,14 @@ def _save(store: PoolStore, pool: SharedKVPool) -> None:
     except OSError as e:
         # The pool is built and registered; only its saved copy is missing, and a resumed thread can
         # still rebuild it from the document.
-        warnings.warn(f"could not save pool {pool.digest[:12]}... to {store.directory}: {e}", stacklevel=4)
+        message = f"could not save pool {pool.digest[:12]}... to {store.directory}: {e}"
+        warnings.warn(message, stacklevel=_first_frame_outside_this_module())
+
+
+def _first_frame_outside_this_module() -> int:
+    """The ``stacklevel`` (counted from the caller) of the nearest frame outside this module, so that a
+    warning names the user's call whichever path (``get_or_build``, ``resolve``) reached it."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from tiny_models import tiny_llama
@@ -9,7 +11,10 @@ from transformers import BertConfig, BertModel
 
 from polykv_agents import CodecConfig, CompressionConfig, PooledAgent, SharedKVPool
 from polykv_agents.model.compat import layer_key_values
+from polykv_agents.model.fingerprint import ModelFingerprint
+from polykv_agents.pool import shared_pool as shared_pool_module
 from polykv_agents.pool.prefill import prefill_cache
+from polykv_agents.pool.shared_pool import pool_digest
 
 DOC = "Shared caches let many agents read one document. " * 12
 
@@ -54,6 +59,9 @@ def test_token_ids_property_returns_a_copy(tiny_model, tiny_tok):
     ids = pool.token_ids
     ids.zero_()
     assert pool.token_ids.sum() > 0
+    cache, _ = prefill_cache(tiny_model, pool.token_ids)
+    narrow = SharedKVPool.from_cache(tiny_model, tiny_tok, cache, pool.token_ids.to(torch.int32))
+    assert (narrow.token_ids.dtype, narrow.token_ids.device.type) == (torch.int64, "cpu")  # kept as [T] int64
 
 
 def test_fingerprint_describes_the_model(tiny_model, tiny_tok):
@@ -86,6 +94,36 @@ def test_digest_is_deterministic_and_depends_on_document_and_config(tiny_model, 
     assert SharedKVPool.prefill(tiny_model, tiny_tok, DOC, config=CompressionConfig.paper()).digest != a.digest
 
 
+def test_the_digest_of_fixed_inputs_never_changes():
+    """Saved pools and handles in checkpoints are found by digest: a change of this value must be deliberate."""
+    fingerprint = ModelFingerprint(
+        name="tiny",
+        architecture="LlamaForCausalLM",
+        num_layers=2,
+        num_kv_heads=2,
+        head_dim=16,
+        dtype="float32",
+        vocab_size=320,
+        weights_sha="0123456789abcdef",
+        tokenizer_sha="fedcba9876543210",
+    )
+    ids = torch.tensor([5, 6, 7], dtype=torch.int32)  # hashed as int64, whatever the caller's dtype
+    assert pool_digest(fingerprint, CompressionConfig(), ids, chat_prefix=False) == (
+        "e704dde178e9763d8f76c9ed9e81a7e932149884f552abadaa4fafce627a3894"
+    )
+    assert pool_digest(fingerprint, CompressionConfig(), ids, chat_prefix=True) == (
+        "555279f5e1f097bf7532538b433e440362b468ad4d5dba1d25d23cd35fef7cd1"
+    )
+
+
+def test_a_built_pool_is_logged(tiny_model, tiny_tok, caplog):
+    with caplog.at_level(logging.INFO, logger=shared_pool_module.__name__):
+        pool = SharedKVPool.prefill(tiny_model, tiny_tok, DOC)
+    assert [r.getMessage() for r in caplog.records if r.name == shared_pool_module.__name__] == [f"built {pool!r}"]
+    assert repr(pool).startswith(f"SharedKVPool(tokens={pool.num_tokens}, layers=2, ")
+    assert repr(pool).endswith(f" vs fp16, digest={pool.digest[:12]})")
+
+
 def test_chunk_size_does_not_change_the_cache(tiny_model, tiny_tok):
     full = CompressionConfig.full_precision()
     one = SharedKVPool.prefill(tiny_model, tiny_tok, DOC, config=full, chunk_size=10_000)
@@ -93,6 +131,33 @@ def test_chunk_size_does_not_change_the_cache(tiny_model, tiny_tok):
     for i in range(one.num_layers):
         for x, y in zip(one.decompress_layer(i), chunked.decompress_layer(i), strict=True):
             torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+
+
+def test_layers_are_decoded_in_the_dtype_and_on_the_device_asked_for(tiny_model, tiny_tok):
+    pool = SharedKVPool.prefill(tiny_model, tiny_tok, DOC)  # float32 on the CPU
+    keys, values = pool.decompress_layer(1, dtype=torch.bfloat16, device="meta")  # "meta": a device besides the CPU
+    assert (keys.dtype, values.dtype, keys.device.type, values.device.type) == (torch.bfloat16,) * 2 + ("meta",) * 2
+    assert keys.shape == values.shape == (1, 2, pool.num_tokens, 16)  # [1, kv_heads, T, head_dim]
+    reader = tiny_llama().to(device="meta", dtype=torch.bfloat16)  # another dtype and device than the builder's
+    for keys, values in layer_key_values(pool.to_cache(reader)):
+        assert (keys.dtype, values.dtype, keys.device.type, values.device.type) == (torch.bfloat16,) * 2 + ("meta",) * 2
+
+
+def test_keys_and_values_get_seeds_of_their_own_from_the_config_seed(tiny_model, tiny_tok):
+    config = CompressionConfig(keys=CodecConfig(method="turboquant", bits=4), seed=5)
+    layer = SharedKVPool.prefill(tiny_model, tiny_tok, DOC, config=config).layers[0]
+    assert (layer.keys.params["seed"], layer.values.params["seed"]) == (5, 6)  # independent rotation signs
+
+
+def test_a_cache_shorter_than_the_document_is_refused(tiny_model, tiny_tok):
+    ids = SharedKVPool.prefill(tiny_model, tiny_tok, DOC).token_ids  # [T]
+    cache, _ = prefill_cache(tiny_model, ids[:-1])  # what a sliding-window layer keeps: fewer positions than T
+    message = (
+        rf"^a cache layer kept {ids.numel() - 1} of the document's {ids.numel()} tokens \(a sliding-window layer "
+        r"shorter than the document\); shorten the document below the model's sliding window$"
+    )
+    with pytest.raises(ValueError, match=message):
+        SharedKVPool.from_cache(tiny_model, tiny_tok, cache, ids)
 
 
 def test_progress_callback_reports_every_chunk(tiny_model, tiny_tok):

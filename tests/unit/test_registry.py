@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -11,6 +12,7 @@ import torch
 from tiny_models import tiny_llama
 
 from polykv_agents import CompressionConfig, SharedKVPool, default_engine
+from polykv_agents.pool import registry as registry_module
 from polykv_agents.pool.handle import PoolHandle
 from polykv_agents.pool.registry import PoolNotFoundError, PoolRegistry
 from polykv_agents.pool.store import PoolFileError, PoolStore
@@ -52,9 +54,13 @@ def test_get_or_build_builds_once_per_document(tiny_model, tiny_tok):
 def test_the_digest_is_known_before_the_prefill(tiny_model, tiny_tok):
     """A pool put into the registry by hand is found without prefilling again."""
     registry = PoolRegistry()
+    digest = registry.digest_of(tiny_model, tiny_tok, DOC)
+    paper = registry.digest_of(tiny_model, tiny_tok, DOC, CompressionConfig.paper())
+    assert (registry.build_count, len(registry)) == (0, 0)  # tokenizing was enough
     registry.put(SharedKVPool.prefill(tiny_model, tiny_tok, DOC))
-    registry.get_or_build(tiny_model, tiny_tok, DOC)
-    assert registry.build_count == 0
+    assert registry.get_or_build(tiny_model, tiny_tok, DOC).digest == digest
+    assert registry.get_or_build(tiny_model, tiny_tok, DOC, config=CompressionConfig.paper()).digest == paper != digest
+    assert registry.build_count == 1
 
 
 def test_a_fresh_registry_loads_from_the_store_instead_of_building(tiny_model, tiny_tok, tmp_path):
@@ -84,9 +90,39 @@ def test_a_failed_save_warns_and_still_returns_the_pool(tiny_model, tiny_tok, tm
 
     monkeypatch.setattr(PoolStore, "save", failing_save)
     registry = PoolRegistry()
-    with pytest.warns(UserWarning, match="could not save pool"):
+    digest = registry.digest_of(tiny_model, tiny_tok, DOC)
+    with pytest.warns(UserWarning, match=rf"could not save pool {digest[:12]}\.\.\. to .*read-only") as caught:
         pool = registry.get_or_build(tiny_model, tiny_tok, DOC, store=PoolStore(tmp_path))
     assert registry.get(pool.digest) is pool
+    assert caught[0].filename == __file__  # the warning names the caller's line, not the registry's
+    handle = PoolHandle.from_pool(pool, store_dir=tmp_path)
+    with pytest.warns(UserWarning, match="could not save pool") as caught:  # the rebuild path is deeper
+        PoolRegistry().resolve(handle, tiny_model, tiny_tok, document=DOC)
+    assert caught[0].filename == __file__
+
+
+def test_the_chunk_size_reaches_the_prefill(tiny_model, tiny_tok, monkeypatch):
+    chunk_sizes = []
+    original = SharedKVPool.prefill_tokens.__func__
+
+    def prefill_tokens(cls, *args, **kwargs):
+        chunk_sizes.append(kwargs["chunk_size"])
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(SharedKVPool, "prefill_tokens", classmethod(prefill_tokens))
+    PoolRegistry().get_or_build(tiny_model, tiny_tok, DOC, chunk_size=7)
+    assert chunk_sizes == [7]
+
+
+def test_a_model_that_changes_during_the_build_is_logged(tiny_model, tiny_tok, monkeypatch, caplog):
+    with caplog.at_level(logging.WARNING, logger=registry_module.__name__):
+        PoolRegistry().get_or_build(tiny_model, tiny_tok, DOC)
+        assert caplog.records == []  # the usual case: the digest computed first is the pool's
+        monkeypatch.setattr(registry_module, "pool_digest", lambda *args, **kwargs: "0" * 64)  # a digest gone stale
+        pool = PoolRegistry().get_or_build(tiny_model, tiny_tok, DOC)
+    assert pool.digest != "0" * 64
+    expected = f"model {tiny_model} changed during the build; pool registered under its new digest"
+    assert [record.getMessage() for record in caplog.records] == [expected]
 
 
 def test_a_dtype_change_gives_another_pool(tiny_tok):
@@ -106,7 +142,7 @@ def test_bad_input_is_refused_before_any_work(tiny_model, tiny_tok):
         registry.get_or_build(object(), tiny_tok, DOC)
     with pytest.raises(ValueError, match="empty"):
         registry.get_or_build(tiny_model, tiny_tok, "   ")
-    with pytest.raises(TypeError, match="SharedKVPool"):
+    with pytest.raises(TypeError, match="must be a SharedKVPool, got str"):
         registry.put("not a pool")
     assert registry.build_count == 0 and len(registry) == 0
 
@@ -114,11 +150,16 @@ def test_bad_input_is_refused_before_any_work(tiny_model, tiny_tok):
 def test_discard_and_clear(tiny_model, tiny_tok):
     registry = PoolRegistry()
     pool = registry.get_or_build(tiny_model, tiny_tok, DOC)
+    with (
+        registry.leased(pool),
+        pytest.raises(RuntimeError, match=rf"pool {pool.digest[:12]}\.\.\. is in use by 1 call"),
+    ):
+        registry.discard(pool.digest)
     registry.discard(pool.digest)
     registry.discard(pool.digest)
     assert pool.digest not in registry
     registry.get_or_build(tiny_model, tiny_tok, DOC)
-    assert registry.build_count == 2
+    assert (registry.build_count, registry.builds_by_digest) == (2, {pool.digest: 2})
     registry.clear()
     assert (len(registry), registry.build_count, registry.builds_by_digest) == (0, 0, {})
 
@@ -163,17 +204,35 @@ def test_resolve_rebuilds_deterministically_when_the_file_is_gone(tiny_model, ti
 
 def test_resolve_without_pool_store_or_document_says_what_to_do(tiny_model, tiny_tok, tmp_path):
     pool = SharedKVPool.prefill(tiny_model, tiny_tok, DOC)
-    for handle in (PoolHandle.from_pool(pool), PoolHandle.from_pool(pool, store_dir=tmp_path)):
-        with pytest.raises(PoolNotFoundError, match=r"unknown in this process.*no document.*prefetch node"):
+    for handle, where in (
+        (PoolHandle.from_pool(pool), "no store was given"),
+        (PoolHandle.from_pool(pool, store_dir=tmp_path), f"no saved copy is in {tmp_path}"),
+    ):
+        message = (
+            rf"^pool {pool.digest[:12]}\.\.\. is unknown in this process, {where}, and no document was given to "
+            r"rebuild it; run the prefetch node \(which builds the pool\) first, or pass document= to resolve\(\)$"
+        )
+        with pytest.raises(PoolNotFoundError, match=message):
             PoolRegistry().resolve(handle, tiny_model, tiny_tok)
 
 
 def test_resolve_refuses_a_different_document_without_building(tiny_model, tiny_tok):
     handle = PoolHandle.from_pool(SharedKVPool.prefill(tiny_model, tiny_tok, DOC))
     registry = PoolRegistry()
-    with pytest.raises(ValueError, match="not the one it was built from"):
+    other = registry.digest_of(tiny_model, tiny_tok, OTHER_DOC)
+    message = (
+        rf"rebuild pool {handle.digest[:12]}\.\.\. is not the one it was built from "
+        rf"\(it gives pool {other[:12]}\.\.\.\); pass the document that was in the graph state when the pool was built$"
+    )
+    with pytest.raises(ValueError, match=message):
         registry.resolve(handle, tiny_model, tiny_tok, document=OTHER_DOC)
     assert registry.build_count == 0 and len(registry) == 0
+
+
+def test_resolve_rebuilds_with_the_handle_s_config(tiny_model, tiny_tok):
+    pool = SharedKVPool.prefill(tiny_model, tiny_tok, DOC, config=CompressionConfig.paper())
+    rebuilt = PoolRegistry().resolve(PoolHandle.from_pool(pool), tiny_model, tiny_tok, document=DOC)
+    assert (rebuilt.config, rebuilt.digest) == (pool.config, pool.digest)
 
 
 def test_resolve_refuses_another_model_even_on_a_registry_hit(tiny_model, tiny_tok):

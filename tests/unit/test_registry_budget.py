@@ -25,17 +25,30 @@ def pools(tiny_model, tiny_tok) -> list[SharedKVPool]:
     return built
 
 
-def test_least_recently_used_pools_are_evicted_beyond_the_budget(pools):
+def test_least_recently_used_pools_are_evicted_beyond_the_budget(pools, caplog):
     a, b, c, d = pools
     registry = PoolRegistry(max_bytes=3 * a.nbytes)
     for pool in (a, b, c):
         registry.put(pool)
     assert registry.get(a.digest) is a  # a is now the most recently used, b the least
-    registry.put(d)
+    with caplog.at_level(logging.INFO, logger=registry_module.__name__):
+        registry.put(d)
+    expected = f"evicted pool {b.digest[:12]}... (least recently used) to stay within {3 * a.nbytes} bytes"
+    assert [record.getMessage() for record in caplog.records] == [expected]
     assert b.digest not in registry
     assert [p.digest in registry for p in (a, c, d)] == [True, True, True]
     assert registry.nbytes == 3 * a.nbytes
     assert registry.evictions == 1
+
+
+def test_resolving_a_registered_pool_makes_it_the_most_recently_used(pools, tiny_model, tiny_tok):
+    a, b, c, _ = pools
+    registry = PoolRegistry(max_bytes=2 * a.nbytes)
+    registry.put(a)
+    registry.put(b)
+    assert registry.resolve(PoolHandle.from_pool(a), tiny_model, tiny_tok) is a  # b is now the least recently used
+    registry.put(c)
+    assert [p.digest in registry for p in (a, b, c)] == [True, False, True]
 
 
 def test_a_pool_in_use_is_never_evicted(pools, caplog):
@@ -46,7 +59,10 @@ def test_a_pool_in_use_is_never_evicted(pools, caplog):
         with caplog.at_level(logging.WARNING, logger=registry_module.__name__):
             registry.put(c)
         assert a.digest in registry and c.digest in registry and b.digest not in registry
-        assert "over its" in caplog.text
+        expected = (
+            f"pool registry holds {2 * a.nbytes} bytes, over its {a.nbytes}-byte budget: every other pool is in use"
+        )
+        assert expected in [record.getMessage() for record in caplog.records]
         assert registry.leases(a.digest) == 1
         with pytest.raises(RuntimeError, match="in use"):
             registry.discard(a.digest)
@@ -54,6 +70,16 @@ def test_a_pool_in_use_is_never_evicted(pools, caplog):
     # recently used pool is now c, and c goes.
     assert registry.leases(a.digest) == 0
     assert a.digest in registry and c.digest not in registry
+
+
+def test_a_budget_met_exactly_after_an_eviction_is_not_reported_as_exceeded(pools, caplog):
+    a, b, _, _ = pools
+    registry = PoolRegistry(max_bytes=a.nbytes)
+    registry.put(a)
+    with caplog.at_level(logging.WARNING, logger=registry_module.__name__):
+        registry.put(b)
+    assert [p.digest in registry for p in (a, b)] == [False, True]
+    assert caplog.records == []
 
 
 def test_the_newest_pool_stays_even_when_it_alone_exceeds_the_budget(pools):
@@ -69,7 +95,7 @@ def test_lowering_the_budget_evicts_at_once_and_bad_budgets_are_refused(pools):
     for pool in pools:
         registry.put(pool)
     registry.max_bytes = 2 * pools[0].nbytes
-    assert len(registry) == 2
+    assert (len(registry), registry.evictions) == (2, 2)
     for bad in (-1, 1.5, "1GB", True):
         with pytest.raises(ValueError, match="max_bytes"):
             registry.max_bytes = bad

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import pickle
+import re
 import struct
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from polykv_agents import CodecConfig, CompressionConfig, SharedKVPool
 from polykv_agents.codecs import EncodedTensor
+from polykv_agents.pool.record import pool_from_record, pool_record
 from polykv_agents.pool.store import FORMAT_VERSION, PoolFileError, PoolStore
 
 DOC = "Shared caches let many agents read one document. " * 6
@@ -208,6 +213,37 @@ def test_save_is_atomic_and_lazy_about_the_directory(pool, tmp_path, monkeypatch
         store.save(pool)
     assert os.listdir(directory) == []  # neither a partial target nor the temporary file
 
+    def vanishing_save_file(tensors, filename, metadata=None):
+        os.unlink(filename)  # the temporary file is gone before the cleanup looks for it
+        raise OSError("disk gone")
+
+    monkeypatch.setattr("polykv_agents.pool.store.save_file", vanishing_save_file)
+    with pytest.raises(OSError, match="disk gone"):  # the save's own error, not the cleanup's
+        store.save(pool)
+
+
+def test_the_temporary_file_is_a_hidden_sibling_of_the_target(pool, tmp_path, monkeypatch, caplog):
+    moves = []
+    replace = os.replace
+
+    def recording_replace(source, target):
+        moves.append((Path(source), Path(target)))
+        replace(source, target)
+
+    monkeypatch.setattr(os, "replace", recording_replace)
+    store = PoolStore(tmp_path)
+    with caplog.at_level(logging.INFO, logger="polykv_agents.pool.store"):
+        path = store.save(pool)
+    [(temporary, target)] = moves
+    assert target == path and temporary.parent == tmp_path  # one filesystem: the rename is atomic
+    assert temporary.name.startswith(f".{pool.digest[:16]}.") and temporary.name.endswith(".tmp")
+    assert [r.getMessage() for r in caplog.records] == [f"saved {pool!r} to {path}"]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="polykv_agents.pool.store"):
+        store.load(pool.digest)
+    assert [r.getMessage() for r in caplog.records] == [f"loaded {pool!r} from {path}"]
+    assert repr(store) == f"PoolStore({str(tmp_path)!r})"
+
 
 def test_delete_is_idempotent_and_load_of_a_missing_file_says_so(saved, pool):
     store, path = saved
@@ -226,7 +262,9 @@ def test_delete_is_idempotent_and_load_of_a_missing_file_says_so(saved, pool):
 def test_malformed_digests_are_refused(tmp_path, digest):
     store = PoolStore(tmp_path)
     for call in (store.path_for, store.load, store.delete, store.__contains__):
-        with pytest.raises(ValueError, match="64 lowercase hexadecimal"):
+        with pytest.raises(
+            ValueError, match=r"64 lowercase hexadecimal.*; pass pool\.digest or handle\.digest unchanged$"
+        ):
             call(digest)
 
 
@@ -261,7 +299,7 @@ def test_truncated_files_are_refused(saved, pool, keep):
 def test_a_file_without_polykv_metadata_is_refused(saved, pool):
     store, path = saved
     save_file({"x": torch.zeros(2)}, str(path))
-    with pytest.raises(PoolFileError, match="corrupted"):
+    with pytest.raises(PoolFileError, match=r"corrupted or truncated \(KeyError: 'polykv'\)"):
         store.load(pool.digest)
 
 
@@ -278,7 +316,8 @@ def test_a_file_without_polykv_metadata_is_refused(saved, pool):
 def test_edited_metadata_is_refused(saved, pool, edit):
     store, path = saved
     rewrite(path, edit)
-    with pytest.raises(PoolFileError, match="corrupted or tampered"):
+    remedy = r"delete it \(PoolStore\.delete\(digest\)\) or rebuild the pool from its document, which overwrites it$"
+    with pytest.raises(PoolFileError, match=rf"^{re.escape(str(path))} is corrupted or tampered.*; {remedy}"):
         store.load(pool.digest)
 
 
@@ -290,7 +329,7 @@ def test_forged_metadata_with_a_recomputed_header_checksum_is_still_caught(saved
         store.load(pool.digest)
     store.save(pool)
     rewrite(path, lambda h: (h.update(checksum="0" * 64), recompute_header_checksum(h)))
-    with pytest.raises(PoolFileError, match="tensor checksum"):
+    with pytest.raises(PoolFileError, match="the tensor checksum of the pool it holds does not match"):
         store.load(pool.digest)
 
 
@@ -302,7 +341,7 @@ def test_an_edited_safetensors_dtype_is_caught(saved, pool):
     header = data[8 : 8 + n].replace(b'"dtype":"I8"', b'"dtype":"U8"', 1)
     assert header != data[8 : 8 + n]
     path.write_bytes(data[:8] + header + data[8 + n :])
-    with pytest.raises(PoolFileError, match="int8"):
+    with pytest.raises(PoolFileError, match=r"is uint8\[.*\] as read but was saved as int8\["):
         store.load(pool.digest)
 
 
@@ -320,6 +359,101 @@ def test_another_format_version_is_refused_with_both_versions_named(saved, pool,
     rewrite(path, lambda h: (h.update(format_version=FORMAT_VERSION + 1), forge and recompute_header_checksum(h)))
     with pytest.raises(PoolFileError, match=rf"version {FORMAT_VERSION + 1}.*reads version {FORMAT_VERSION}.*rebuild"):
         store.load(pool.digest)
+
+
+# ---------------------------------------------------------------- records (what a file or a published pool holds)
+
+
+def test_the_header_checksum_is_over_canonical_json():
+    """Files saved earlier stay readable only while this checksum is computed the same way."""
+    from polykv_agents.pool.record import _header_checksum
+
+    assert _header_checksum({"b": 1, "a": [1, 2]}) == hashlib.sha256(b'{"a": [1, 2], "b": 1}').hexdigest()
+
+
+def _record(pool: SharedKVPool, edit=None) -> tuple[dict, dict[str, torch.Tensor]]:
+    """``pool``'s record as a reader gets it, after ``edit(header, tensors)`` and a recomputed header checksum."""
+    record = pool_record(pool)
+    header, tensors = json.loads(json.dumps(record.header)), dict(record.tensors)
+    if edit is not None:
+        edit(header, tensors)
+        recompute_header_checksum(header)
+    return header, tensors
+
+
+def _read(header: dict, tensors: dict[str, torch.Tensor]) -> SharedKVPool:
+    return pool_from_record(header, tensors, source="SOURCE", remedy="REMEDY")
+
+
+def test_a_record_without_a_digest_to_file_it_under_is_checked_against_its_own(pool):
+    assert_same_pool(_read(*_record(pool)), pool)
+
+
+def test_a_record_header_is_plain_json_and_only_pools_are_recorded(pool):
+    header = pool_record(pool).header
+    assert header == json.loads(json.dumps(header))  # lists, not tuples: what a reader of the JSON gets back
+    with pytest.raises(TypeError, match=r"^pool must be a SharedKVPool, got str; build one with SharedKVPool"):
+        pool_record("not a pool")
+
+
+def _drop_layer_1_values(header: dict, tensors: dict[str, torch.Tensor]) -> None:
+    for name in [n for n in tensors if n.startswith("layers.1.values.")]:
+        del tensors[name], header["tensors"][name]
+
+
+def _add_a_stray_tensor(header: dict, tensors: dict[str, torch.Tensor]) -> None:
+    tensors["stray"] = torch.zeros(2)
+    header["tensors"]["stray"] = {"dtype": "float32", "shape": [2]}
+
+
+@pytest.mark.parametrize(
+    ("edit", "error"),
+    [
+        (
+            lambda h, t: t.update(stray=torch.zeros(2)),
+            r"KeyError: \"stored tensors \['stray'\] disagree with the header",
+        ),
+        (lambda h, t: t.pop("token_ids"), r"KeyError: \"stored tensors \['token_ids'\] disagree with the header"),
+        (_drop_layer_1_values, r"KeyError: 'layer 1 has no stored values tensors'"),
+        (_add_a_stray_tensor, r"KeyError: \"stored tensors \['stray'\] belong to no layer"),
+    ],
+    ids=["unlisted-tensor", "missing-tensor", "layer-without-tensors", "tensor-of-no-layer"],
+)
+def test_a_record_whose_tensors_disagree_with_its_header_says_which(pool, edit, error):
+    with pytest.raises(PoolFileError, match=rf"^SOURCE is corrupted or truncated \({error}.*\); REMEDY$"):
+        _read(*_record(pool, edit))
+
+
+def test_bad_header_messages_name_the_source_and_the_remedy(pool):
+    tampered = r"^SOURCE is corrupted or tampered with: its metadata .*; REMEDY$"
+    header, tensors = _record(pool)
+    header["fp16_nbytes"] += 1  # no new header checksum
+    with pytest.raises(PoolFileError, match=tampered):
+        _read(header, tensors)
+    del header["header_checksum"]
+    with pytest.raises(PoolFileError, match=tampered):
+        _read(header, tensors)
+    header, tensors = _record(pool, lambda h, t: h.update(format_version=FORMAT_VERSION + 1))
+    version = (
+        rf"^SOURCE was written in pool file format version {FORMAT_VERSION + 1}, but this version of polykv_agents "
+        rf"reads version {FORMAT_VERSION}; rebuild the pool from its document \(and delete the old file with "
+        r"PoolStore\.delete\(digest\)\)$"
+    )
+    with pytest.raises(PoolFileError, match=version):
+        _read(header, tensors)
+
+
+@pytest.mark.parametrize(
+    ("header", "error"),
+    [
+        ([], "TypeError: the header is JSON list, not an object"),
+        ({"format_version": "1"}, "ValueError: format_version is '1', not an integer"),
+        ({"format_version": True}, "ValueError: format_version is True, not an integer"),
+    ],
+)
+def test_a_header_that_is_not_a_versioned_object_says_what_it_is(header, error):
+    with pytest.raises(PoolFileError, match=rf"^SOURCE is corrupted or truncated \({error}\); REMEDY$"):
+        _read(header, {})
 
 
 # ---------------------------------------------------------------- fuzzing

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from polykv_agents.runtime.suffix_cache import SuffixCache
@@ -44,6 +45,18 @@ def test_select_keeps_rows_in_the_given_order():
 def test_nbytes_counts_allocated_suffix_tensors():
     batch = _row(2, 1.0, capacity=4)
     assert batch.nbytes == 2 * 1 * 2 * 4 * 3 * 4  # keys + values, [1, 2, 4, 3] float32
+    assert batch.layers[0].device == torch.device("cpu")  # where the layer's tensors live, as transformers asks
+
+
+def test_a_row_that_exactly_fills_the_capacity_does_not_grow_it():
+    batch = _row(4, 1.0, capacity=4)  # 4 slots written: full, not over
+    assert batch.layers[0].keys.shape == (1, 2, 4, 3)
+    assert batch.nbytes == 2 * 1 * 2 * 4 * 3 * 4
+
+
+def test_caches_with_different_layer_counts_never_join():
+    with pytest.raises(ValueError, match="zip"):
+        _two_layers(2).concat(_row(1, 1.0))
 
 
 def test_capacity_grows_in_steps_of_sixteen_slots_and_rows_join_at_the_wider_width():
@@ -77,6 +90,7 @@ def test_one_write_plan_serves_every_layer_of_a_step_and_is_rebuilt_after_it():
     needed, index = batch.write_plan(shape, torch.device("cpu"))
     assert needed == 4 and index.eq(3).all()
     assert batch.starts.tolist() == [0]
+    assert batch.starts.dtype == batch.lengths.dtype == torch.long  # slot indices
 
 
 def _two_layers(length: int) -> SuffixCache:
