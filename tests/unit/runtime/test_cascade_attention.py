@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from tiny_models import tiny_sensitive_llama
@@ -191,3 +193,44 @@ def test_sliding_window_and_soft_capping_match_eager_semantics(kernel, window, s
     )
     expected = _eager_reference(query, prefix_keys, prefix_values, keys, values, past, starts, 0.5, window, softcap)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def _context(prefix_tokens: int, past_lengths: list[int], starts: list[int] | None = None) -> CascadeContext:
+    """A context over a prefix of ``prefix_tokens`` tokens; the masks read only its length."""
+    prefix = SimpleNamespace(num_tokens=prefix_tokens)
+    return CascadeContext(prefix, torch.tensor(past_lengths), None if starts is None else torch.tensor(starts))
+
+
+def test_starts_default_to_no_left_padding():
+    context = _context(4, [2, 0])
+    assert context.starts.tolist() == [0, 0]
+    assert context.query_positions(1).tolist() == [[6], [4]]
+
+
+def test_a_query_exactly_one_window_past_the_first_prefix_token_no_longer_sees_it():
+    """Position p sees tokens > p - window: at p == window, token 0 drops out (as transformers' masks do)."""
+    window = 4
+    context = _context(4, [0])  # one query at position 4 == window
+    mask = context.prefix_mask(q_len=1, groups=1, device=torch.device("cpu"), window=window)
+    assert mask is not None and mask.view(-1).tolist() == [False, True, True, True]
+    assert _context(4, [0]).prefix_mask(1, 1, torch.device("cpu"), window=5) is None  # still sees them all
+
+
+def test_masks_of_full_and_sliding_layers_in_one_forward_are_kept_apart():
+    """Alternating layer types (Gemma 2) ask one context for both masks: each must get its own."""
+    context = _context(2, [6])
+    device = torch.device("cpu")
+    full = context.suffix_mask(8, 1, 1, device, window=None)
+    sliding = context.suffix_mask(8, 1, 1, device, window=3)
+    assert full.view(-1).tolist() == [True] * 7 + [False]
+    assert sliding.view(-1).tolist() == [False] * 4 + [True] * 3 + [False]
+    assert context.suffix_mask(8, 1, 1, device, window=None) is full  # built once per forward
+
+
+def test_the_additive_mask_has_the_models_dtype():
+    context = _context(2, [1])
+    mask = context.suffix_mask(4, 1, 1, torch.device("cpu"))
+    for dtype in (torch.float32, torch.bfloat16):
+        additive = context.additive(mask, dtype)
+        assert additive.dtype == dtype
+        assert additive.view(-1).tolist() == [0.0, 0.0, -torch.inf, -torch.inf]
