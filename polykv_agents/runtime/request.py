@@ -29,11 +29,11 @@ class DecodeRequest:
     prompt_ids: torch.Tensor  # [n]
     settings: GenerationSettings
     pool: SharedKVPool | None = None
-    stats: GenerationStats = field(default=None)  # type: ignore[assignment]  # built in __post_init__
+    stats: GenerationStats = field(init=False)
+    """What the call used, filled in as it runs; made from the prompt and the pool."""
 
     def __post_init__(self) -> None:
-        if self.stats is None:
-            self.stats = GenerationStats(prompt_tokens=self.prompt_ids.numel(), cached_tokens=self.start_position)
+        self.stats = GenerationStats(prompt_tokens=self.prompt_ids.numel(), cached_tokens=self.start_position)
 
     @property
     def start_position(self) -> int:
