@@ -12,7 +12,9 @@ import torch
 from tiny_models import tiny_llama
 
 from polykv_agents import CompressionConfig, SharedKVPool, default_engine
+from polykv_agents.pool import documents as documents_module
 from polykv_agents.pool import registry as registry_module
+from polykv_agents.pool import shared_pool as shared_pool_module
 from polykv_agents.pool.handle import PoolHandle
 from polykv_agents.pool.registry import PoolNotFoundError, PoolRegistry
 from polykv_agents.pool.store import PoolFileError, PoolStore
@@ -317,3 +319,19 @@ def test_a_waiter_retries_with_its_own_document_when_the_first_caller_fails(
             without.result(TIMEOUT_S)
         assert with_document.result(TIMEOUT_S).digest == pool.digest
     assert registry.build_count == 1
+
+
+def test_a_build_tokenizes_the_document_once(tiny_model, tiny_tok, monkeypatch):
+    """The digest and the prefill read the same token ids: a prefetch tokenizes its document once."""
+    calls = []
+    tokenize = documents_module.tokenize_document
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return tokenize(*args, **kwargs)
+
+    monkeypatch.setattr(documents_module, "tokenize_document", counting)
+    monkeypatch.setattr(registry_module, "tokenize_document", counting)
+    monkeypatch.setattr(shared_pool_module, "tokenize_document", counting)
+    PoolRegistry().get_or_build(tiny_model, tiny_tok, DOC + " Tokenized once.")
+    assert len(calls) == 1
