@@ -2,11 +2,13 @@
 # Regenerate every measured result in benchmarks/results/ and the docs rendered from them, one run after
 # another in its own process (never in parallel: they time the same CPU). About 2 hours on 2 cores.
 #
-#   bash benchmarks/run_all.sh [PEER_PYTHON]
+#   [LLAMA_SERVER=path/to/llama-server] bash benchmarks/run_all.sh [PEER_PYTHON]
 #
 # The runs are the suites' own (`polykv-agents bench plan`, from polykv_agents/bench/registry.py).
 # PEER_PYTHON: the python of a separate environment with polykv-llm==0.1.0 (see docs/RESULTS.md,
 # "Peer"); without it the peer comparison is skipped and its last results are kept.
+# LLAMA_SERVER: a llama-server binary (docs/RESULTS.md, "What else you could run"); with it, and the
+# [peers] extra installed, `bench peers` runs too; without it its last results are kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=benchmarks/results
@@ -18,5 +20,8 @@ for run in "${runs[@]}"; do
 done
 if [[ $# -ge 1 ]]; then
     polykv-agents bench peer --peer-python "$1" --out "$out"
+fi
+if [[ -n "${LLAMA_SERVER:-}" ]]; then
+    polykv-agents bench peers --llama-server "$LLAMA_SERVER" --out "$out"
 fi
 python benchmarks/render_results.py

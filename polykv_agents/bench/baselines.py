@@ -8,10 +8,11 @@ chat model does. Graphs take it in place of a :class:`~polykv_agents.graph.prefe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import copy
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from langchain_core.messages import BaseMessage, HumanMessage, convert_to_messages
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, convert_to_messages
 from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import Runnable, RunnableLambda
 
@@ -52,3 +53,36 @@ class ReprefillDocument(PrefetchDocument):
     def pooled_model(self, state: Mapping[str, Any], chat: ChatPolyKV | None = None) -> ChatPolyKV:
         msg = "the no-pool baseline has no pooled model; use pooled_chat, which puts the document in front"
         raise ValueError(msg)
+
+
+def pinned_schema(schema: dict[str, Any], answer: Mapping[str, str]) -> dict[str, Any]:
+    """``schema`` (an object of string properties) with every property's value fixed to ``answer``'s (``const``):
+    decoded under it, any model writes the same JSON, token for token's worth of work."""
+    pinned = copy.deepcopy(schema)
+    pinned["properties"] = {name: {"type": "string", "const": answer[name]} for name in schema["properties"]}
+    return pinned
+
+
+class PinnedPlan:
+    """Mixed into a prefetch node so that the ``planner`` role's structured answer is fixed to ``plan(roles)``:
+    every method compared then decodes the same plan (a compressed and a full-precision document lead a
+    greedy model to different plans of different lengths), and the specialists get the same focuses."""
+
+    def __init__(self, *args: Any, plan: Callable[[Sequence[str]], dict[str, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._plan = plan
+
+    def invoke_role_structured(
+        self, state: Mapping[str, Any], role: str, messages: Sequence[BaseMessage], schema: Any, **kwargs: Any
+    ) -> tuple[Any, AIMessage]:
+        if role == "planner":
+            schema = pinned_schema(schema, self._plan(list(schema["properties"])))
+        return super().invoke_role_structured(state, role, messages, schema, **kwargs)  # type: ignore[misc]
+
+
+class PinnedPlanPrefetch(PinnedPlan, PrefetchDocument):
+    """The pooled prefetch node, its plan pinned."""
+
+
+class PinnedPlanReprefill(PinnedPlan, ReprefillDocument):
+    """The no-pool baseline, its plan pinned."""

@@ -1,11 +1,21 @@
 """``polykv-agents bench graph_e2e``: the 15-role document-review graph with one shared pool vs the same
-graph re-prefilling.
+graph re-prefilling the document in every call, doing equal work.
 
 Both graphs are graphs/document_review.py with the same roles, prompts and greedy chat model; the
-baseline (:func:`reprefill_graph`) prefills the whole document again in every call (planner, 15
-specialists, critic, summarizer), as a plain local chat model does. The pooled graph builds its pool
-inside each run (a fresh document variant per run, so nothing is reused across runs). One warm-up run
-of each on a short document first; then the median wall time per context.
+baseline (:class:`~polykv_agents.bench.baselines.ReprefillDocument`) prefills the whole document again
+in every call (planner, 15 specialists, critic, summarizer), as a plain local chat model does; its calls
+have no pool to share, so each decodes alone (llama.cpp's server, in ``bench peers``, is the batched
+re-prefilling peer).
+
+Equal work: every free-text answer decodes exactly ``max_tokens`` tokens (``ignore_eos``), and the
+planner decodes the same plan under both methods: its schema pins every focus (:func:`equal_plan`),
+since a compressed and a full-precision document otherwise lead the greedy model to different plans
+of different lengths (measured: 99-109 against 262-275 tokens). The JSON records that the plans
+matched. Calls and tokens are counted from the run itself (a :class:`RecordingEngine` sees every
+decoded call), and each stage's time (prefetch, planner, specialists, critic, summarizer) comes from
+the graph's own stream of node updates. The pooled graph builds its pool inside each run (a fresh
+document variant per run, so nothing is reused across runs). One warm-up run of each on a short
+document first; then the median per context, with every run kept in the JSON.
 """
 
 from __future__ import annotations
@@ -14,24 +24,25 @@ import logging
 import platform
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from polykv_agents.bench.baselines import ReprefillDocument
+from polykv_agents.bench.baselines import PinnedPlanPrefetch, PinnedPlanReprefill
 from polykv_agents.bench.output import Progress
+from polykv_agents.bench.recording import RecordedCall, RecordingEngine
 from polykv_agents.bench.suite import JsonSuite, Rendered, SuiteOptions, load_model_for
 from polykv_agents.bench.workflows import LANGGRAPH_JSON, load_workflow
-from polykv_agents.graph.workflow import role_chat_model
 
 logger = logging.getLogger(__name__)
 
 EXTRA_ROLES = ["procurement", "quality", "audit", "strategy", "data"]
 
-# How the committed graph_e2e.json was made (before the script became this suite); docs/RESULTS.md says so.
-PRODUCED_BY = "Produced by `python benchmarks/graph_e2e.py --contexts 4096 --roles 15 --max-tokens 32 --repetitions 2`."
+STAGES = ("prefetch", "planner", "specialist", "critic", "summarizer")
+"""The review's stages, in order; each one's time ends when its last node update arrives."""
 
 
 class GraphE2EOptions(SuiteOptions):
@@ -40,24 +51,50 @@ class GraphE2EOptions(SuiteOptions):
     roles: int = Field(default=15, ge=1, le=15)
     """Specialists the planner assigns."""
     max_tokens: int = Field(default=32, ge=1)
-    """Tokens per answer."""
+    """Tokens every free-text answer decodes (EOS ignored)."""
     repetitions: int = Field(default=2, ge=1)
     """Timed runs per context after one warm-up."""
     graphs: Path = LANGGRAPH_JSON
     """The langgraph.json that lists graphs/document_review.py."""
 
 
+class StageCalls(BaseModel):
+    """What one stage of one run decoded, counted from the calls themselves."""
+
+    calls: int
+    input_tokens: int
+    pool_tokens: int
+    output_tokens: int
+
+
+class GraphRun(BaseModel):
+    """One run of one graph."""
+
+    wall_s: float
+    stage_s: dict[str, float]
+    stages: dict[str, StageCalls]
+    plan: list[dict[str, str]]
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(stage.output_tokens for stage in self.stages.values())
+
+    @property
+    def calls(self) -> int:
+        return sum(stage.calls for stage in self.stages.values())
+
+
 class GraphE2EResult(BaseModel):
-    """The run's conditions and one row per context."""
+    """The run's conditions, and every run of every method per context."""
 
     meta: dict[str, Any]
-    rows: list[dict[str, Any]]
+    runs: dict[str, dict[str, list[GraphRun]]]
+    """Context (as a string, for JSON) -> method -> its timed runs."""
 
 
-def reprefill_graph(workflow: ModuleType, max_tokens: int):
-    """The baseline: the same graph without a pool, every call prefilling the whole document."""
-    chat = role_chat_model(None, max_tokens, default_max_tokens=workflow.DEFAULT_MAX_TOKENS)
-    return workflow.build_graph(prefetch=ReprefillDocument(chat))
+def equal_plan(roles: Sequence[str]) -> dict[str, str]:
+    """The plan every method decodes (pinned by :class:`~polykv_agents.bench.baselines.PinnedPlan`)."""
+    return {role: f"what the document means for {role}" for role in roles}
 
 
 def _document(tokenizer, text: str, tokens: int, run: int) -> str:
@@ -65,16 +102,65 @@ def _document(tokenizer, text: str, tokens: int, run: int) -> str:
     return f"(Review copy {run}.)\n" + tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def _run(graph, document: str, roles: list[str]) -> tuple[float, int]:
+def stage_of(node: str) -> str:
+    return node if node in STAGES else "other"
+
+
+def count_calls(calls: list[RecordedCall]) -> dict[str, StageCalls]:
+    """Calls and tokens per stage."""
+    stages: dict[str, StageCalls] = {}
+    for call in calls:
+        stage = stages.setdefault(
+            stage_of(call.node), StageCalls(calls=0, input_tokens=0, pool_tokens=0, output_tokens=0)
+        )
+        stage.calls += 1
+        stage.input_tokens += len(call.input_ids)
+        stage.pool_tokens += call.pool_tokens
+        stage.output_tokens += call.output_tokens
+    return stages
+
+
+def run_graph(graph, engine: RecordingEngine, document: str, roles: list[str]) -> tuple[GraphRun, list[RecordedCall]]:
+    """One timed run: wall time, each stage's time from the graph's node updates, and the calls it decoded."""
+    engine.take_calls()
+    finished: dict[str, float] = {}
+    state: dict[str, Any] = {}
     started = time.perf_counter()
-    state = graph.invoke({"document": document, "roles": roles})
-    seconds = time.perf_counter() - started
-    output_tokens = sum((m.usage_metadata or {}).get("output_tokens", 0) for m in state["messages"])
-    return seconds, output_tokens
+    for mode, chunk in graph.stream({"document": document, "roles": roles}, stream_mode=["updates", "values"]):
+        if mode == "updates":
+            for node in chunk:
+                finished[node] = time.perf_counter() - started  # a stage ends with its last update
+        else:
+            state = chunk
+    wall = time.perf_counter() - started
+    stage_s, previous = {}, 0.0
+    for stage in STAGES:
+        stage_s[stage] = finished[stage] - previous
+        previous = finished[stage]
+    calls = engine.take_calls()
+    run = GraphRun(
+        wall_s=wall,
+        stage_s=stage_s,
+        stages=count_calls(calls),
+        plan=[dict(entry) for entry in state.get("plan", [])],
+    )
+    return run, calls
+
+
+def graphs_under_test(workflow: ModuleType, max_tokens: int) -> dict[str, tuple[Any, RecordingEngine]]:
+    """Method -> (compiled graph, its recording engine): the same chat settings for both."""
+    from polykv_agents.chat.chat_model import ChatPolyKV
+
+    built = {}
+    for method, prefetch in (("pooled", PinnedPlanPrefetch), ("reprefill", PinnedPlanReprefill)):
+        engine = RecordingEngine()
+        chat = ChatPolyKV(max_tokens=max_tokens, ignore_eos=True, engine=engine)
+        built[method] = (workflow.build_graph(prefetch=prefetch(chat, engine=engine, plan=equal_plan)), engine)
+    return built
 
 
 def run_graph_e2e(options: GraphE2EOptions, progress: Progress = lambda _: None) -> GraphE2EResult:
-    """Time both graphs per context; medians of wall time and output tokens."""
+    """Time both graphs per context, alternating methods run by run."""
     import torch
 
     from polykv_agents.bench.environment import RunInfo
@@ -84,85 +170,124 @@ def run_graph_e2e(options: GraphE2EOptions, progress: Progress = lambda _: None)
     model, tokenizer = load_model_for(None)  # the graphs' chat model loads the same embedded model
     roles = [*workflow.ROLE_PROMPTS, *EXTRA_ROLES][: options.roles]
     text = pydoc_documents(1, chars_per_document=60_000)[0]
-    graphs = {
-        "pooled": workflow.build_graph(max_tokens=options.max_tokens),
-        "reprefill": reprefill_graph(workflow, options.max_tokens),
-    }
+    graphs = graphs_under_test(workflow, options.max_tokens)
     progress("warm-up")
-    for graph in graphs.values():  # load, first forward passes, scheduler thread
-        _run(graph, _document(tokenizer, text, 256, run=-1), roles[:3])
-    rows, run = [], 0
+    for graph, engine in graphs.values():  # load, first forward passes, scheduler thread
+        run_graph(graph, engine, _document(tokenizer, text, 256, run=-1), roles[:3])
+    runs: dict[str, dict[str, list[GraphRun]]] = {}
+    run_index = 0
     for context in options.contexts:
-        samples: dict[str, list[tuple[float, int]]] = {name: [] for name in graphs}
+        by_method: dict[str, list[GraphRun]] = {method: [] for method in graphs}
         for _ in range(options.repetitions):
-            for name, graph in graphs.items():
-                run += 1
-                progress(f"context {context}: {name}, run {run}")
-                samples[name].append(_run(graph, _document(tokenizer, text, context, run), roles))
-                logger.info("context=%d %s: %.1f s", context, name, samples[name][-1][0])
-        row: dict[str, Any] = {"context_tokens": context, "roles": len(roles), "max_tokens": options.max_tokens}
-        for name, values in samples.items():
-            row[f"wall_s_{name}"] = statistics.median(v[0] for v in values)
-            row[f"output_tokens_{name}"] = statistics.median(v[1] for v in values)
-        row["speedup"] = row["wall_s_reprefill"] / row["wall_s_pooled"]
-        rows.append(row)
+            for method, (graph, engine) in graphs.items():
+                run_index += 1
+                progress(f"context {context}: {method}, run {run_index}")
+                run, _ = run_graph(graph, engine, _document(tokenizer, text, context, run_index), roles)
+                by_method[method].append(run)
+                logger.info("context=%d %s: %.1f s", context, method, run.wall_s)
+        runs[str(context)] = by_method
     info = RunInfo.collect(model)
     meta = {
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
         "torch": info.torch,
         "model": info.model,
         "dtype": info.dtype,
+        "roles": len(roles),
+        "max_tokens": options.max_tokens,
         "repetitions": options.repetitions,
         "warmup_runs": 1,
-        "calls_per_run": len(roles) + 3,
         "document": "pydoc_data.topics (CPython), first 60k characters, cut to the context length",
     }
-    return GraphE2EResult(meta=meta, rows=rows)
+    return GraphE2EResult(meta=meta, runs=runs)
+
+
+def summary_rows(result: GraphE2EResult) -> list[dict[str, Any]]:
+    """One row per (context, method): medians over its runs, and whether the work was equal to the pooled run's."""
+    rows = []
+    for context, by_method in result.runs.items():
+        reference = by_method["pooled"]
+        for method, runs in by_method.items():
+            wall = statistics.median(r.wall_s for r in runs)
+            output = statistics.median(r.output_tokens for r in runs)
+            rows.append(
+                {
+                    "context_tokens": int(context),
+                    "method": method,
+                    "wall_s": wall,
+                    "stage_s": {stage: statistics.median(r.stage_s[stage] for r in runs) for stage in STAGES},
+                    "calls": statistics.median(r.calls for r in runs),
+                    "output_tokens": output,
+                    "ms_per_output_token": 1000 * wall / output,
+                    "input_tokens": statistics.median(sum(s.input_tokens for s in r.stages.values()) for r in runs),
+                    "pool_tokens": statistics.median(sum(s.pool_tokens for s in r.stages.values()) for r in runs),
+                    "same_plan_as_pooled": all(r.plan == p.plan for r, p in zip(runs, reference, strict=True)),
+                }
+            )
+    return rows
 
 
 def results_lines(result: GraphE2EResult) -> list[str]:
     """The section of docs/RESULTS.md."""
     meta = result.meta
+    rows = summary_rows(result)
     lines = [
-        PRODUCED_BY,
-        "",
         "## End to end: the document-review graph",
         "",
-        f"Machine: {meta['machine']}, torch {meta['torch']}. Model: {meta['model']} ({meta['dtype']}). "
-        f"{meta['calls_per_run']} model calls per run (planner, specialists in parallel, critic, summarizer). "
-        f"Median of {meta['repetitions']} runs after {meta['warmup_runs']} warm-up. Document: {meta['document']}. "
-        "The pooled graph builds its pool inside every run; the baseline (`build_graph(share_pool=False)`) "
-        "prefills the document in every call.",
+        "Produced by `polykv-agents bench graph_e2e --context 2048 --context 4096`.",
         "",
-        "| context | roles | tokens per answer | wall, pooled | wall, re-prefill | speed-up "
-        "| output tokens (pooled / re-prefill) |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        f"Machine: {meta['machine']}, torch {meta['torch']}. Model: {meta['model']} ({meta['dtype']}). "
+        f"{meta['roles']} roles: planner (typed plan, pinned to the same plan for both methods), specialists in "
+        "parallel, critic, "
+        f"summarizer; every free-text answer decodes exactly {meta['max_tokens']} tokens (EOS ignored). Calls and "
+        "tokens are counted from the run; stage times come from the graph's stream of node updates. Median of "
+        f"{meta['repetitions']} runs after {meta['warmup_runs']} warm-up, every run in graph_e2e.json. "
+        f"Document: {meta['document']}. The pooled graph builds its pool inside every run; the re-prefill graph "
+        "(`build_graph(prefetch=ReprefillDocument(chat))`) prefills the document in every call, each call decoding "
+        "alone.",
+        "",
+        "| context | method | wall | prefetch | planner | specialists | critic | summarizer | calls "
+        "| output tokens | ms per output token | input tokens (from pool) | same plan |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for r in result.rows:
+    for r in rows:
+        stage = r["stage_s"]
         lines.append(
-            f"| {r['context_tokens']} | {r['roles']} | {r['max_tokens']} | {r['wall_s_pooled']:.1f} s "
-            f"| {r['wall_s_reprefill']:.1f} s | {r['speedup']:.1f}x | {r['output_tokens_pooled']:.0f} / "
-            f"{r['output_tokens_reprefill']:.0f} |"
+            f"| {r['context_tokens']} | {r['method']} | {r['wall_s']:.1f} s | {stage['prefetch']:.1f} s "
+            f"| {stage['planner']:.1f} s | {stage['specialist']:.1f} s | {stage['critic']:.1f} s "
+            f"| {stage['summarizer']:.1f} s | {r['calls']:.0f} | {r['output_tokens']:.0f} "
+            f"| {r['ms_per_output_token']:.0f} | {r['input_tokens']:,.0f} ({r['pool_tokens']:,.0f}) "
+            f"| {'yes' if r['same_plan_as_pooled'] else 'no'} |"
         )
+    lines += ["", "| context | speed-up of the pooled graph |", "|---:|---:|"]
+    for context, pair in _pairs(rows).items():
+        lines.append(f"| {context} | {pair['reprefill']['wall_s'] / pair['pooled']['wall_s']:.1f}x |")
     return lines
+
+
+def _pairs(rows: list[dict[str, Any]]) -> dict[int, dict[str, dict[str, Any]]]:
+    pairs: dict[int, dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        pairs.setdefault(row["context_tokens"], {})[row["method"]] = row
+    return pairs
 
 
 def readme_summary(result: GraphE2EResult) -> str:
     """The README's sentence: wall times at every context, the largest first."""
-    rows = sorted(result.rows, key=lambda r: -r["context_tokens"])
-    first, rest = rows[0], rows[1:]
-    text = (
-        f"End to end, the {first['roles']}-role document-review graph ({result.meta['calls_per_run']} calls: the "
-        f"planner's typed plan, then {first['max_tokens']}-token answers) takes {first['wall_s_pooled']:.1f} s with "
-        f"one pool against {first['wall_s_reprefill']:.1f} s when every call prefills the document again at "
-        f"{first['context_tokens']:,} tokens ({first['speedup']:.1f}x)"
+    meta = result.meta
+    pairs = sorted(_pairs(summary_rows(result)).items(), key=lambda item: -item[0])
+    parts = [
+        f"{pair['pooled']['wall_s']:.1f} s with one pool against {pair['reprefill']['wall_s']:.1f} s when every call "
+        f"prefills the document again at {context:,} tokens "
+        f"({pair['reprefill']['wall_s'] / pair['pooled']['wall_s']:.1f}x)"
+        for context, pair in pairs
+    ]
+    calls = pairs[0][1]["pooled"]["calls"]
+    return (
+        f"End to end, the {meta['roles']}-role document-review graph ({calls:.0f} calls: the same typed plan, then "
+        f"answers of exactly {meta['max_tokens']} tokens each, the same work for both) takes "
+        + "; and ".join(parts)
+        + f" (`polykv-agents bench graph_e2e`, median of {meta['repetitions']} after a warm-up)."
     )
-    text += "".join(
-        f", and {r['wall_s_pooled']:.1f} s against {r['wall_s_reprefill']:.1f} s at {r['context_tokens']:,} "
-        f"({r['speedup']:.1f}x)"
-        for r in rest
-    )
-    return text + (f" (`polykv-agents bench graph_e2e`, median of {result.meta['repetitions']} after a warm-up).")
 
 
 class GraphE2ESuite(JsonSuite[GraphE2EResult]):

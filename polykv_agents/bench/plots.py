@@ -84,3 +84,23 @@ def ablation_deltas(rows: Sequence[dict], context: int):
     axis.set_title(f"Ablation at {context} tokens")
     axis.grid(True, axis="x", alpha=0.3)
     return figure
+
+
+def review_stages(rows: Sequence[dict]):
+    """The review's time per stage, one stacked bar per (context, method) that ran it."""
+    stages = ("prefetch_s", "planner_s", "specialist_s", "critic_s", "summarizer_s")
+    labels = ("prefetch", "planner", "specialists", "critic", "summarizer")
+    ran = [r for r in rows if r.get("review_wall_s")]
+    figure, axis = plt.subplots(figsize=(8, 0.55 * len(ran) + 1.5))
+    names = [f"{r['context_tokens']}: {r['method']}" for r in ran]
+    left = [0.0] * len(ran)
+    for index, (stage, label) in enumerate(zip(stages, labels, strict=True)):
+        widths = [r.get(stage) or 0.0 for r in ran]
+        axis.barh(names, widths, left=left, color=f"C{index}", label=label)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    axis.invert_yaxis()
+    axis.set_xlabel("seconds (the 15-role review, same prompts and tokens)")
+    axis.set_title("Time per stage: polykv_agents vs llama.cpp")
+    axis.grid(True, axis="x", alpha=0.3)
+    axis.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.2 / max(len(ran), 1)))
+    return figure

@@ -52,12 +52,11 @@ def ppl_rows(
             "config": name,
             "config_label": configs[name].label(),
             "context_tokens": context,
-            "documents": len(values),
-            **delta_fields(values),
-            "delta_pct_per_document": values,
+            **delta_fields(samples),
+            "delta_pct_per_document": [sample["delta_pct"] for sample in samples],
             "compression_ratio_vs_fp16": ratios[(name, context)],
         }
-        for (name, context), values in deltas.items()
+        for (name, context), samples in deltas.items()
     ]
 
 

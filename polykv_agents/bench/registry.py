@@ -17,12 +17,15 @@ from polykv_agents.bench import (
     load_soak,
     memory,
     peer,
+    peers,
     quality,
     ray_scale_out,
     speed,
 )
 from polykv_agents.bench.suite import Suite
 
-_MODULES = (memory, quality, speed, ablation, peer, agents, graph_e2e, load_soak, grammar_overhead, ray_scale_out)
+_MODULES = (
+    memory, quality, speed, ablation, peer, agents, graph_e2e, peers, load_soak, grammar_overhead, ray_scale_out,
+)  # fmt: skip
 SUITES: dict[str, Suite] = {module.SUITE.name: module.SUITE for module in _MODULES}
 """Suite name -> suite (a documented registry: filled once, here, never changed at run time)."""

@@ -6,7 +6,8 @@ import threading
 
 
 class PeakRss:
-    """Samples this process's RSS every ``interval_s`` while the block runs; ``peak_bytes`` after.
+    """Samples the RSS of this process (or of process ``pid``) every ``interval_s`` while the block runs;
+    ``peak_bytes`` after.
 
     ``ru_maxrss`` only ever grows over the whole process, so it cannot tell one measurement of a suite
     from the previous one; sampling can.
@@ -16,12 +17,12 @@ class PeakRss:
         rss.peak_bytes
     """
 
-    def __init__(self, interval_s: float = 0.005) -> None:
+    def __init__(self, interval_s: float = 0.005, *, pid: int | None = None) -> None:
         self.interval_s = interval_s
         self.peak_bytes = 0
         import psutil  # the bench extra: imported where used, so the CLI starts without it
 
-        self._process = psutil.Process()
+        self._process = psutil.Process(pid)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -1,12 +1,15 @@
 """``polykv-agents bench speed``: time to first token, decode throughput against the number of
 agents, and pool build / decompress time. Medians over ``repetitions`` after one warm-up.
 
-- ttft: one agent's first token from the pool, against re-prefilling document + question (what a
-  plain local chat model does on every call);
-- throughput: N agents answering at once through the runtime, aggregate generated tokens per second
-  (admission of their prompts included), at the first context length;
+- ttft: one agent's first token from the pool, cold (a fresh engine: the prefix decode included) and
+  warm (the prefix resident), against re-prefilling document + prompt (what a plain local chat model
+  does on every call); the definitions are :mod:`polykv_agents.bench.ttft`'s, shared by every suite;
+- throughput: N agents answering at once through the runtime with the prefix resident, aggregate
+  generated tokens per second (admission of their prompts included), at the first context length;
 - build: prefill, compress (pool from that cache) and decompress (pool -> a cache in the model's
-  dtype), with the targets: compress <= 10% and decompress <= 5% of the prefill time.
+  dtype), with the targets: compress <= 10% and decompress <= 5% of the prefill time;
+- step costs (:mod:`polykv_agents.bench.step_costs`): ms per batched step at each agent count, the
+  cascade prefix kernel fused vs unfused, and the model's forward on the main vs a worker thread.
 """
 
 from __future__ import annotations
@@ -19,17 +22,21 @@ from pydantic import Field, FilePath
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.agent import PooledAgent
-from polykv_agents.bench.agents import role_prompts, run_batched, timed, ttft_pool, ttft_reprefill
+from polykv_agents.bench.agents import role_prompts, run_batched, timed
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress, SuiteResult
+from polykv_agents.bench.step_costs import attention_kernel_rows, step_intervals_ms, thread_rows
 from polykv_agents.bench.suite import SuiteOptions, TableSuite, document_text, load_model_for
+from polykv_agents.bench.ttft import ttft_pool_cold, ttft_pool_warm, ttft_reprefill
 from polykv_agents.config import CompressionConfig
+from polykv_agents.engine import Engine
 from polykv_agents.pool.prefill import prefill_cache
 from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.sampling.settings import GenerationSettings
 
 COMPRESS_TARGET_PCT = 10.0
 DECOMPRESS_TARGET_PCT = 5.0
+TTFT_SYSTEM_PROMPT = "You are an analyst."
 TTFT_QUESTION = "What is the main topic of the document?"
 
 
@@ -84,31 +91,46 @@ def run_speed_suite(
     if ids.numel() < max(contexts):
         msg = f"the document has {ids.numel()} tokens, fewer than the largest context {max(contexts)}"
         raise ValueError(msg)
-    rows = []
+    progress("the model's forward on the main thread and on a worker thread")
+    rows = thread_rows(model, batch_sizes=(1, max(agent_counts)), repetitions=10 * repetitions)
+    progress(f"context {contexts[0]}: the cascade prefix kernel, fused vs unfused")
+    rows += attention_kernel_rows(
+        model, context=contexts[0], agents=max(agent_counts), prompt_tokens=40, repetitions=10 * repetitions
+    )
     pools = {}
+    # An engine whose schedulers never retire, so "warm" stays warm however long the baselines take.
+    engine = Engine(scheduler_idle_seconds=None)
     for context in contexts:
         progress(f"context {context}: prefill, compress, decompress")
         build, pool = _build_times(model, tokenizer, ids[:context], config, repetitions)
         pools[context] = pool
         rows.append({"kind": "build", "context_tokens": context, **build})
-        progress(f"context {context}: time to first token")
-        agent = PooledAgent(pool, model, tokenizer, system_prompt="You are an analyst.")
+        progress(f"context {context}: time to first token, cold, warm and re-prefilling")
+        agent = PooledAgent(pool, model, tokenizer, system_prompt=TTFT_SYSTEM_PROMPT, engine=engine)
         prompt = agent.prompt_ids(TTFT_QUESTION)
+        cold = _median_of(
+            repetitions, lambda pool=pool: ttft_pool_cold(pool, model, tokenizer, TTFT_SYSTEM_PROMPT, TTFT_QUESTION)
+        )
+        warm = _median_of(repetitions, lambda agent=agent: ttft_pool_warm(agent, TTFT_QUESTION))
+        reprefill = _median_of(repetitions, lambda pool=pool, p=prompt: ttft_reprefill(model, pool, p))
         rows.append(
             {
                 "kind": "ttft",
                 "context_tokens": context,
-                "ttft_s_pool": _median_of(repetitions, lambda agent=agent: ttft_pool(agent, TTFT_QUESTION)),
-                "ttft_s_reprefill": _median_of(repetitions, lambda pool=pool, p=prompt: ttft_reprefill(model, pool, p)),
+                "prompt_tokens": prompt.numel(),
+                "ttft_s_pool_cold": cold,
+                "ttft_s_pool_warm": warm,
+                "ttft_s_reprefill": reprefill,
+                "speedup_cold": reprefill / cold,
+                "speedup_warm": reprefill / warm,
             }
         )
-        rows[-1]["ttft_speedup"] = rows[-1]["ttft_s_reprefill"] / rows[-1]["ttft_s_pool"]
     settings = GenerationSettings(max_new_tokens=new_tokens, ignore_eos=True)
     pool = pools[contexts[0]]
     for n in agent_counts:
         progress(f"context {contexts[0]}: {n} agents decoding at once")
         roles = role_prompts(n)
-        agents = [PooledAgent(pool, model, tokenizer, system_prompt=r) for r, _ in roles]
+        agents = [PooledAgent(pool, model, tokenizer, system_prompt=r, engine=engine) for r, _ in roles]
         questions = [q for _, q in roles]
 
         def throughput(agents=agents, questions=questions) -> float:
@@ -121,8 +143,13 @@ def run_speed_suite(
                 "context_tokens": pool.num_tokens,
                 "agents": n,
                 "tokens_per_s": _median_of(repetitions, throughput),
+                "ms_per_step": _median_of(
+                    repetitions,
+                    lambda agents=agents, questions=questions: step_intervals_ms(agents, questions, settings),
+                ),
             }
         )
+    engine.close()
     single = next(r["tokens_per_s"] for r in rows if r["kind"] == "throughput")
     for row in rows:
         if row["kind"] == "throughput":
@@ -171,9 +198,58 @@ def _measure(options: SpeedOptions, progress: Progress) -> SuiteResult:
     )  # fmt: skip
 
 
+def step_costs_block(result: SuiteResult) -> str:
+    """docs/RUNTIME.md's figures on what a step costs, all from this suite's rows."""
+    kernel = {r["shape"]: r for r in result.rows if r["kind"] == "kernel"}
+    steps = sorted((r for r in result.rows if r["kind"] == "throughput"), key=lambda r: r["agents"])
+    threads = {r["batch_size"]: r for r in result.rows if r["kind"] == "thread"}
+    decode, admission = kernel["decode step"], kernel["admission prefill"]
+    one, most = steps[0], steps[-1]
+    lines = [
+        f"- The prefix part of one layer's attention over {decode['context_tokens']:,} tokens for "
+        f"{decode['agents']} agents: {decode['ms_per_layer_fused']:.2f} ms with the fused kernel against "
+        f"{decode['ms_per_layer_unfused']:.2f} ms matmul-softmax-matmul for a decode step "
+        f"({decode['speedup']:.1f}x), {admission['ms_per_layer_fused']:.1f} ms against "
+        f"{admission['ms_per_layer_unfused']:.1f} ms for an admission prefill of "
+        f"{admission['query_tokens_per_agent']}-token prompts ({admission['speedup']:.1f}x).",
+        f"- One step at {one['context_tokens']:,} tokens, on the scheduler's worker thread: "
+        f"{one['ms_per_step']:.0f} ms with {one['agents']} agent, {most['ms_per_step']:.0f} ms with {most['agents']} "
+        f"({most['tokens_per_s']:.1f} tokens/s in all).",
+    ]
+    if threads:
+        parts = [
+            f"{r['ms_main_thread_first']:.1f} ms on the main thread, {r['ms_worker_thread']:.1f} ms on a worker "
+            f"thread and {r['ms_main_thread_after']:.1f} ms on the main thread again for {batch} "
+            f"row{'s' if batch > 1 else ''}"
+            for batch, r in sorted(threads.items())
+        ]
+        lines.append(f"- The model's weights alone (one token per row, no cache): {'; '.join(parts)}.")
+    return "\n".join(lines) + f"\n\n(`polykv-agents bench speed`, {result.info.date}; docs/RESULTS.md, Speed.)"
+
+
+def readme_blocks(result: SuiteResult) -> dict[str, str]:
+    """The README's sentence on build costs and time to first token, at the largest context."""
+    build = max((r for r in result.rows if r["kind"] == "build"), key=lambda r: r["context_tokens"])
+    ttft = max((r for r in result.rows if r["kind"] == "ttft"), key=lambda r: r["context_tokens"])
+    return {
+        "step_costs": step_costs_block(result),
+        "speed": (
+            f"Compress / decompress take {build['compress_pct_of_prefill']:.1f}% / "
+            f"{build['decompress_pct_of_prefill']:.1f}% of the {build['prefill_s']:.1f} s prefill at "
+            f"{build['context_tokens']:,} tokens (targets {COMPRESS_TARGET_PCT:.0f}% / {DECOMPRESS_TARGET_PCT:.0f}%). "
+            f"Time to first token at {ttft['context_tokens']:,} tokens: {ttft['ttft_s_pool_cold']:.2f} s cold (the "
+            f"first call of an engine decodes the prefix from the pool), {ttft['ttft_s_pool_warm']:.2f} s warm, "
+            f"against {ttft['ttft_s_reprefill']:.2f} s re-prefilling the document and the same prompt "
+            f"({ttft['speedup_cold']:.0f}x / {ttft['speedup_warm']:.0f}x; `polykv-agents bench speed`, median of "
+            f"{result.settings['repetitions']} after a warm-up)."
+        ),
+    }
+
+
 SUITE = TableSuite(
     "speed",
-    "TTFT pool vs re-prefill, decode tokens/s vs agents, compress and decompress time.",
+    "TTFT cold/warm vs re-prefill, decode tokens/s and step costs vs agents, compress and decompress time.",
     SpeedOptions,
     _measure,
+    blocks=readme_blocks,
 )

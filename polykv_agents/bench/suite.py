@@ -116,6 +116,8 @@ class TableSuite(Generic[OptionsT]):
     command: str = ""
     """The command docs/RESULTS.md names; default ``polykv-agents bench <name>``."""
     reproduce: Sequence[Sequence[str]] = ((),)
+    blocks: Callable[[SuiteResult], dict[str, str]] | None = None
+    """Markdown for ``<!-- BEGIN generated: NAME -->`` sections of other docs, by NAME (none by default)."""
 
     def _writer(self) -> Callable[[SuiteResult, Path], list[Path]]:
         # Imported when used: it needs the bench extras (matplotlib), whose absence the CLI reports
@@ -134,9 +136,13 @@ class TableSuite(Generic[OptionsT]):
         path = results_dir / f"{self.name}.json"
         if not path.exists():
             return None
-        self.write(SuiteResult.load(path), results_dir)  # a new presentation needs no new measurement
+        result = SuiteResult.load(path)
+        self.write(result, results_dir)  # a new presentation needs no new measurement
         markdown = (results_dir / f"{self.name}.md").read_text()
-        return Rendered(results=results_section(markdown, self.command or f"polykv-agents bench {self.name}"))
+        return Rendered(
+            results=results_section(markdown, self.command or f"polykv-agents bench {self.name}"),
+            blocks=self.blocks(result) if self.blocks is not None else {},
+        )
 
 
 class JsonSuite(Generic[ResultT]):

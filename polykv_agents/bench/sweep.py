@@ -1,8 +1,14 @@
 """Perplexity deltas of many configs over texts x context lengths, for the quality and ablation
-suites: one prefill per (text, context) serves every config (:func:`perplexity_deltas`)."""
+suites: one prefill per (text, context) serves every config (:func:`perplexity_deltas`).
+
+Every (document, seed) sample is kept, so the intervals can be derived again from the JSON. The
+independent unit is the document: seeds of one config on one document share its text and its
+full-precision reference, so they are averaged within the document before the interval is taken
+over documents (:func:`delta_fields`)."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 from pydantic import Field
@@ -28,10 +34,10 @@ class SweepOptions(SuiteOptions):
 def delta_samples(
     model, tokenizer, texts: Sequence[str], contexts: Sequence[int], runs: Sequence[tuple[str, CompressionConfig]],
     continuation_tokens: int, progress: Progress,
-) -> tuple[dict[tuple[str, int], list[float]], dict[tuple[str, int], float]]:  # fmt: skip
-    """``(deltas, ratios)`` keyed by (run name, context): the PPL deltas over every text and every run
-    of that name (several runs may share a name, e.g. seeds), and the measured ratio vs fp16."""
-    deltas: dict[tuple[str, int], list[float]] = {}
+) -> tuple[dict[tuple[str, int], list[dict]], dict[tuple[str, int], float]]:  # fmt: skip
+    """``(samples, ratios)`` keyed by (run name, context): one ``{"document", "seed", "delta_pct"}`` per text
+    and per run of that name (several runs may share a name: its seeds), and the measured ratio vs fp16."""
+    samples: dict[tuple[str, int], list[dict]] = {}
     ratios: dict[tuple[str, int], float] = {}
     for context in contexts:
         for index, text in enumerate(texts):
@@ -44,19 +50,30 @@ def delta_samples(
                 continuation_tokens=continuation_tokens,
                 configs=[config for _, config in runs],
             )
-            for (name, _), result in zip(runs, results, strict=True):
-                deltas.setdefault((name, context), []).append(result.delta_pct)
+            for (name, config), result in zip(runs, results, strict=True):
+                sample = {"document": index, "seed": config.seed, "delta_pct": result.delta_pct}
+                samples.setdefault((name, context), []).append(sample)
                 ratios[(name, context)] = result.compression_ratio
-    return deltas, ratios
+    return samples, ratios
 
 
-def delta_fields(values: Sequence[float]) -> dict[str, float]:
-    """The ``delta_pct_*`` columns of a row: mean, 95% t-interval and range of ``values``."""
-    interval = mean_interval(values)
+def per_document_means(samples: Sequence[dict]) -> list[float]:
+    """The mean delta of each document over its seeds, in document order."""
+    by_document: dict[int, list[float]] = {}
+    for sample in samples:
+        by_document.setdefault(sample["document"], []).append(sample["delta_pct"])
+    return [statistics.fmean(by_document[document]) for document in sorted(by_document)]
+
+
+def delta_fields(samples: Sequence[dict]) -> dict[str, float | int]:
+    """The ``delta_pct_*`` columns of a row: mean, 95% t-interval over documents (seeds averaged within a
+    document), and the range of the per-document means."""
+    interval = mean_interval(per_document_means(samples))
     return {
         "delta_pct_mean": interval.mean,
         "delta_pct_ci_low": interval.low,
         "delta_pct_ci_high": interval.high,
         "delta_pct_min": interval.min,
         "delta_pct_max": interval.max,
+        "documents": interval.n,
     }

@@ -127,6 +127,11 @@ class ChatPolyKV(BaseChatModel):
     seed: int | None = None
     """Sampling seed, for reproducible samples."""
 
+    ignore_eos: bool = False
+    """Decode exactly ``max_tokens``, past the end-of-sequence token (llama.cpp's and vLLM's ``ignore_eos``): for
+    benchmarks that must compare equal work. A call under a grammar (tools, structured output) still ends where
+    its grammar does."""
+
     stop: list[str] | None = None
     """Default stop sequences (multi-token strings allowed); a call's own ``stop`` replaces them."""
 
@@ -217,6 +222,7 @@ class ChatPolyKV(BaseChatModel):
             seed=kwargs.get("seed", self.seed),
             stop=stop if stop is not None else self.stop,
             grammar=grammar,
+            ignore_eos=kwargs.get("ignore_eos", self.ignore_eos) and grammar is None,
             # tool_choice="auto": stop sequences still end a plain-text answer, never a call.
             structured_opening=CALL_OPEN if tools is not None and tools.free_text else None,
         )

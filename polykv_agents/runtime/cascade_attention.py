@@ -181,8 +181,8 @@ def _attend_unfused(
 
 # PyTorch's fused CPU attention kernel (what F.scaled_dot_product_attention runs on CPU), called
 # directly because it also returns the log-sum-exp the merge needs. It never materialises the
-# [n, k] score matrix: measured here 3x faster than _attend_unfused for one decode step over a 2K
-# prefix, 4x for an admission prefill. Fully masked rows give out 0 and a finite lse.
+# [n, k] score matrix: faster than _attend_unfused, most of all for an admission prefill (`polykv-agents
+# bench speed` measures both; docs/RUNTIME.md shows the figures). Fully masked rows give out 0 and a finite lse.
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _FLASH_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

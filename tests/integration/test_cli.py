@@ -91,17 +91,11 @@ def test_bench_agents_json_has_the_documented_keys(smollm, text_file, tmp_path):
     assert result.exit_code == 0, result.output
     row = json.loads(result.stdout)
     assert json.loads((tmp_path / f"agents_{row['context_tokens']}.json").read_text()) == row  # what render reads
-    for key in (
-        "kv_bytes_pooled_peak",
-        "kv_bytes_naive_peak",
-        "throughput_tok_s_batched",
-        "throughput_tok_s_sequential",
-        "throughput_tok_s_naive_batched",
-        "ttft_s_pool",
-        "ttft_s_reprefill",
-        "rss_peak_bytes",
-    ):
-        assert row[key] > 0, key
+    assert row["kv_bytes_pooled_peak"] > 0
+    for method in ("batched_cold", "batched_warm", "sequential", "naive"):
+        assert row["throughput_tok_s"][method] > 0 and row["rss_peak_bytes"][method] > 0, method
+    # Greedy fp32 on the real model: the naive baseline does the runtime's work, token for token.
+    assert row["naive_rows_identical"] == 3
     # Three copies of the decoded prefix cost more than one pool plus one shared decoded prefix.
     assert row["kv_bytes_naive_peak"] > row["kv_bytes_pooled_peak"]
 

@@ -372,3 +372,27 @@ def test_example_async_roles(smollm, capsys):
     # The graph's branches ran the same greedy calls as the batch: same texts.
     assert {a["role"]: a["text"] for a in out["graph"]["answers"]} == out["batch"]
     assert "pools built: 1" in capsys.readouterr().out
+
+
+def test_the_end_to_end_benchmark_does_equal_work_and_counts_it_from_the_run(smollm):
+    from polykv_agents.bench.graph_e2e import STAGES, graphs_under_test, run_graph
+
+    roles = ["legal", "finance", "risk"]
+    graphs = graphs_under_test(document_review, max_tokens=4)
+    runs = {}
+    for method, (graph, engine) in graphs.items():
+        runs[method], calls = run_graph(graph, engine, document("e2e"), roles)
+        assert [c.node for c in calls][:1] == ["planner"] and [c.node for c in calls][-2:] == ["critic", "summarizer"]
+    pooled, reprefill = runs["pooled"], runs["reprefill"]
+    for run in (pooled, reprefill):
+        assert set(run.stage_s) == set(STAGES) and all(seconds >= 0 for seconds in run.stage_s.values())
+        assert sum(run.stage_s.values()) <= run.wall_s
+        assert {stage: s.calls for stage, s in run.stages.items()} == {
+            "planner": 1, "specialist": 3, "critic": 1, "summarizer": 1,
+        }  # fmt: skip
+        for stage in ("specialist", "critic", "summarizer"):  # EOS ignored: exactly max_tokens per answer
+            assert run.stages[stage].output_tokens == 4 * run.stages[stage].calls
+    # The same prompts, token for token, read from the pool or prefilled again.
+    assert pooled.plan == reprefill.plan
+    assert pooled.stages["specialist"].input_tokens == reprefill.stages["specialist"].input_tokens
+    assert pooled.stages["specialist"].pool_tokens > 0 and reprefill.stages["specialist"].pool_tokens == 0

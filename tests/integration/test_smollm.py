@@ -69,3 +69,22 @@ def test_agents_answer_from_the_compressed_pool(smollm, compressed_pool):
 def test_pooled_agent_refuses_a_pool_from_another_model(compressed_pool, tiny_model, tiny_tok):
     with pytest.raises(ValueError, match="cannot be read with"):
         PooledAgent(compressed_pool, tiny_model, tiny_tok)
+
+
+def test_ignore_eos_decodes_exactly_max_tokens_for_equal_work_benchmarks(compressed_pool):
+    from langchain_core.messages import HumanMessage
+
+    from polykv_agents import ChatPolyKV
+
+    chat = ChatPolyKV(max_tokens=40).with_pool(compressed_pool)
+    question = [HumanMessage("Answer with one word: yes or no?")]
+    natural = chat.invoke(question)
+    assert natural.usage_metadata["output_tokens"] < 40  # the model ends its short answer itself
+    forced = chat.model_copy(update={"ignore_eos": True}).invoke(question)
+    assert forced.usage_metadata["output_tokens"] == 40
+    assert forced.response_metadata["finish_reason"] == "length"
+    # A grammar still decides where a structured answer ends.
+    schema = {"title": "Answer", "type": "object", "properties": {"yes": {"type": "boolean"}}, "required": ["yes"]}
+    structured = chat.model_copy(update={"ignore_eos": True}).with_structured_output(schema, include_raw=True)
+    result = structured.invoke(question)
+    assert isinstance(result["parsed"]["yes"], bool) and result["raw"].usage_metadata["output_tokens"] < 40

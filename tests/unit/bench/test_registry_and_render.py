@@ -104,6 +104,10 @@ def test_bench_agents_runs_on_a_tiny_model_and_its_json_renders(tiny_model_dir, 
     assert result.exit_code == 0, result.output
     row = json.loads(result.stdout)
     assert row["agents"] == 2 and row["kv_bytes_naive_peak"] > 0
+    methods = {"batched_cold", "batched_warm", "sequential", "naive"}
+    assert set(row["throughput_tok_s"]) == set(row["rss_peak_bytes"]) == methods
+    assert all(len(row["samples_tok_s"][m]) == 1 and row["rss_peak_bytes"][m] > 0 for m in methods)
+    assert row["naive_rows_identical"] == 2  # fp32, greedy: the naive baseline decodes the runtime's tokens
     assert [p.name for p in out.iterdir()] == [f"agents_{row['context_tokens']}.json"]
     rendered = SUITES["agents"].render(out)
     assert rendered is not None and f"| {row['context_tokens']} | decompressed |" in "\n".join(rendered.results)

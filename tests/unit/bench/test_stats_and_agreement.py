@@ -37,3 +37,24 @@ def test_token_f1():
     assert token_f1("cat", "dog") == 0.0
     assert token_f1("", "") == 1.0
     assert token_f1("", "dog") == 0.0
+
+
+def test_sweep_intervals_are_over_documents_with_seeds_averaged_within_each():
+    from polykv_agents.bench.sweep import delta_fields, per_document_means
+
+    samples = [
+        {"document": 1, "seed": 0, "delta_pct": 3.0},
+        {"document": 0, "seed": 0, "delta_pct": 1.0},
+        {"document": 0, "seed": 1, "delta_pct": 2.0},
+        {"document": 1, "seed": 1, "delta_pct": 5.0},
+        {"document": 2, "seed": 0, "delta_pct": 0.0},
+        {"document": 2, "seed": 1, "delta_pct": -1.0},
+    ]
+    assert per_document_means(samples) == [1.5, 4.0, -0.5]
+    fields = delta_fields(samples)
+    assert fields["documents"] == 3  # not 6: seeds of one document are not independent samples
+    assert fields["delta_pct_mean"] == pytest.approx(5.0 / 3)
+    assert (fields["delta_pct_min"], fields["delta_pct_max"]) == (-0.5, 4.0)
+    # The t-interval of three documents is wider than that of the six samples taken as independent.
+    six = mean_interval([s["delta_pct"] for s in samples])
+    assert fields["delta_pct_ci_high"] - fields["delta_pct_ci_low"] > six.high - six.low

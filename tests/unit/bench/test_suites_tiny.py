@@ -44,14 +44,18 @@ def test_speed_suite_reports_build_ttft_and_throughput(tiny_model, tiny_tok, tex
         tiny_model, tiny_tok, texts[0], contexts=(64,), agent_counts=(1, 3), new_tokens=3, repetitions=1
     )
     kinds = [r["kind"] for r in result.rows]
-    assert kinds == ["build", "ttft", "throughput", "throughput"]
-    build, ttft = result.rows[0], result.rows[1]
+    assert kinds == ["thread", "thread", "kernel", "kernel", "build", "ttft", "throughput", "throughput"]
+    build, ttft = result.rows[4], result.rows[5]
+    kernel = {r["shape"]: r for r in result.rows if r["kind"] == "kernel"}
+    assert kernel["admission prefill"]["query_tokens_per_agent"] == 40 and kernel["decode step"]["agents"] == 3
+    assert all(r["ms_per_layer_fused"] > 0 and r["ms_per_layer_unfused"] > 0 for r in kernel.values())
+    assert all(r["ms_per_step"] > 0 for r in result.rows if r["kind"] == "throughput")
     assert build["prefill_s"] > 0 and build["compress_pct_of_prefill"] > 0
-    assert ttft["ttft_s_pool"] > 0 and ttft["ttft_s_reprefill"] > 0
-    assert result.rows[2]["speedup_vs_one_agent"] == 1.0
+    assert ttft["ttft_s_pool_cold"] > 0 and ttft["ttft_s_pool_warm"] > 0 and ttft["ttft_s_reprefill"] > 0
+    assert result.rows[6]["speedup_vs_one_agent"] == 1.0
     assert {"compress_within_target", "decompress_within_target"} <= set(result.summary)
     written = write_speed(result, tmp_path)
-    assert "TTFT pool s" in written[1].read_text() and written[2].name == "speed_throughput.png"
+    assert "TTFT pool, cold s" in written[1].read_text() and written[2].name == "speed_throughput.png"
 
 
 def test_quality_suite_full_precision_config_agrees_exactly(tiny_model, tiny_tok, texts, tmp_path):
@@ -82,8 +86,17 @@ def test_ablation_runs_every_seed_of_seeded_configs_only(tiny_model, tiny_tok, t
         tiny_model, tiny_tok, texts, contexts=(64,), seeds=(0, 1), continuation_tokens=32, factors=factors
     )
     rows = {r["config"]: r for r in result.rows}
-    assert rows["default"]["samples"] == 2 * 2 and rows["default"]["seeds"] == 2
-    assert rows["values: no rotation"]["samples"] == 2 and rows["values: no rotation"]["seeds"] == 1
+    assert rows["default"]["sample_count"] == 2 * 2 and rows["default"]["seeds"] == 2
+    assert rows["values: no rotation"]["sample_count"] == 2 and rows["values: no rotation"]["seeds"] == 1
+    # Every (document, seed) sample is kept; the interval is over the 2 documents, seeds averaged within each.
+    default = rows["default"]
+    assert sorted((s["document"], s["seed"]) for s in default["samples"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert default["documents"] == 2
+    means = [sum(s["delta_pct"] for s in default["samples"] if s["document"] == d) / 2 for d in (0, 1)]
+    assert default["delta_pct_mean"] == pytest.approx(sum(means) / 2)
+    assert default["delta_pct_min"] == pytest.approx(min(means)) and default["delta_pct_max"] == pytest.approx(
+        max(means)
+    )
     assert rows["full"]["delta_pct_mean"] == pytest.approx(0.0, abs=1e-4)
     assert not seed_dependent(factors["full"][1]) and seed_dependent(CompressionConfig())
     assert result.summary["max_preset"] is not None  # full precision is always within budget

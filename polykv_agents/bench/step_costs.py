@@ -1,0 +1,121 @@
+"""What one decode step costs, for the speed suite and docs/RUNTIME.md: measured, never estimated.
+
+- :func:`attention_kernel_rows`: the prefix part of cascade attention for one layer, PyTorch's fused CPU
+  kernel against the matmul-softmax-matmul fallback, at the shapes of a decode step and of an admission
+  prefill of N agents;
+- :func:`step_intervals_ms`: the time between consecutive tokens of agents decoding at once through the
+  runtime (one batched step each), as users get it, on the scheduler's worker thread;
+- :func:`thread_rows`: one forward of the model's weights over ``[N, 1]`` tokens on the main thread and
+  on a second thread once both have run OpenMP regions (libgomp then stops spinning and wakes its
+  helper threads through the kernel).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from transformers import PreTrainedModel
+
+from polykv_agents.agent import PooledAgent
+from polykv_agents.runtime.cascade_attention import _attend, _attend_unfused
+from polykv_agents.sampling.settings import GenerationSettings
+
+
+def _median_ms(repetitions: int, work: Callable[[], object]) -> float:
+    work()  # warm-up
+    samples = []
+    for _ in range(repetitions):
+        started = time.perf_counter()
+        work()
+        samples.append(1000 * (time.perf_counter() - started))
+    return statistics.median(samples)
+
+
+def _head_dims(model: PreTrainedModel) -> tuple[int, int, int]:
+    config = model.config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return heads, config.num_key_value_heads, head_dim
+
+
+@torch.inference_mode()
+def attention_kernel_rows(
+    model: PreTrainedModel, *, context: int, agents: int, prompt_tokens: int, repetitions: int
+) -> list[dict]:
+    """One row per shape (decode step, admission): ms per layer, fused and unfused."""
+    heads, kv_heads, head_dim = _head_dims(model)
+    groups = heads // kv_heads
+    keys = torch.randn(1, kv_heads, context, head_dim, dtype=model.dtype)
+    values = torch.randn_like(keys)
+    scaling = head_dim**-0.5
+    rows = []
+    for shape, q_len in (("decode step", 1), ("admission prefill", prompt_tokens)):
+        query = torch.randn(1, kv_heads, agents * groups * q_len, head_dim, dtype=model.dtype)
+        fused = _median_ms(repetitions, lambda q=query: _attend(q, keys, values, scaling))
+        unfused = _median_ms(repetitions, lambda q=query: _attend_unfused(q, keys, values, scaling))
+        rows.append(
+            {
+                "kind": "kernel",
+                "shape": shape,
+                "context_tokens": context,
+                "agents": agents,
+                "query_tokens_per_agent": q_len,
+                "ms_per_layer_fused": fused,
+                "ms_per_layer_unfused": unfused,
+                "speedup": unfused / fused,
+            }
+        )
+    return rows
+
+
+def step_intervals_ms(agents: Sequence[PooledAgent], questions: Sequence[str], settings: GenerationSettings) -> float:
+    """Median ms between consecutive tokens of each agent, all decoding at once (admission excluded)."""
+    arrivals: list[list[float]] = [[] for _ in agents]
+
+    def answer(i: int) -> None:
+        for _ in agents[i].generate_ids(questions[i], settings):
+            arrivals[i].append(time.perf_counter())
+
+    with ThreadPoolExecutor(max_workers=len(agents)) as executor:
+        list(executor.map(answer, range(len(agents))))
+    gaps = [1000 * (b - a) for times in arrivals for a, b in itertools.pairwise(times)]
+    return statistics.median(gaps)
+
+
+@torch.inference_mode()
+def thread_rows(model: PreTrainedModel, *, batch_sizes: Sequence[int], repetitions: int) -> list[dict]:
+    """One row per batch size: ms of one forward over ``[N, 1]`` tokens (no cache) on the main thread and on a
+    worker thread, after both threads have run OpenMP regions."""
+    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polykv-step")
+    rows = []
+    try:
+        for batch in batch_sizes:
+            ids = torch.ones(batch, 1, dtype=torch.long)
+
+            def forward(ids=ids) -> None:
+                with torch.inference_mode():  # grad mode is per thread: the worker needs its own
+                    model(input_ids=ids, use_cache=False, logits_to_keep=1)
+
+            def on_worker(forward=forward) -> None:
+                worker.submit(forward).result()
+
+            main_ms = _median_ms(repetitions, forward)
+            worker_ms = _median_ms(repetitions, on_worker)
+            main_again = _median_ms(repetitions, forward)  # the main thread, now that two threads ran OpenMP
+            rows.append(
+                {
+                    "kind": "thread",
+                    "batch_size": batch,
+                    "ms_main_thread_first": main_ms,
+                    "ms_worker_thread": worker_ms,
+                    "ms_main_thread_after": main_again,
+                }
+            )
+    finally:
+        worker.shutdown()
+    return rows

@@ -1,0 +1,66 @@
+"""Time to first token: the one definition every suite uses.
+
+- **re-prefill**: what a plain local chat model does on every call. The document's tokens and the
+  agent's prompt are prefilled together into a fresh cache, with this project's own chunked prefill
+  (its fastest path for long inputs), and the first token is picked. The prompt is the pooled agent's
+  own, so both sides read exactly the same tokens.
+- **pool, cold**: the first call of an engine over a pool: a fresh engine, so a fresh scheduler
+  decodes the shared prefix from the pool's codes inside the timed call, then prefills the prompt.
+  What the first role call of a workflow run pays.
+- **pool, warm**: a later call, while the decoded prefix is resident (the scheduler of a running
+  workflow); only the prompt is prefilled.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from polykv_agents.agent import PooledAgent
+from polykv_agents.engine import Engine
+from polykv_agents.pool.prefill import prefill_cache
+from polykv_agents.pool.shared_pool import SharedKVPool
+from polykv_agents.runtime.shared_prefix import Residency
+from polykv_agents.sampling.settings import GenerationSettings
+
+_FIRST_TOKEN = GenerationSettings(max_new_tokens=1)
+
+
+def _first_token_seconds(agent: PooledAgent, question: str) -> float:
+    started = time.perf_counter()
+    tokens = list(agent.generate_ids(question, _FIRST_TOKEN))
+    seconds = time.perf_counter() - started
+    assert len(tokens) <= 1
+    return seconds
+
+
+def ttft_pool_cold(
+    pool: SharedKVPool, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, system_prompt: str,
+    question: str, *, runtime: Residency = "decompressed",
+) -> float:  # fmt: skip
+    """Seconds to the first token of the first call of a fresh engine (the prefix decode included)."""
+    engine = Engine(scheduler_idle_seconds=None)
+    try:
+        agent = PooledAgent(pool, model, tokenizer, system_prompt=system_prompt, runtime=runtime, engine=engine)
+        return _first_token_seconds(agent, question)
+    finally:
+        engine.close()
+
+
+def ttft_pool_warm(agent: PooledAgent, question: str) -> float:
+    """Seconds to the first token of a call while the agent's decoded prefix is resident: one untimed call
+    first makes it so (its engine must keep idle schedulers for as long as the measurement lasts)."""
+    _first_token_seconds(agent, question)
+    return _first_token_seconds(agent, question)
+
+
+@torch.inference_mode()
+def ttft_reprefill(model: PreTrainedModel, pool: SharedKVPool, prompt: torch.Tensor) -> float:
+    """Seconds to the first token when document + ``prompt [n]`` are prefilled again into a fresh cache."""
+    ids = torch.cat([pool.token_ids, prompt])
+    started = time.perf_counter()
+    _, logits = prefill_cache(model, ids)
+    int(logits.argmax())
+    return time.perf_counter() - started
