@@ -12,6 +12,7 @@ def test_a_pinned_plan_makes_any_model_decode_the_same_plan(tiny_model_dir):
     from polykv_agents.chat.chat_model import ChatPolyKV
 
     schema = {
+        "title": "ReviewPlan",
         "type": "object",
         "properties": {"legal": {"type": "string", "pattern": "^[a-z ]{1,60}$"}, "risk": {"type": "string"}},
         "required": ["legal", "risk"],
