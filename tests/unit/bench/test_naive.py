@@ -36,4 +36,3 @@ def test_naive_batched_decodes_the_runtimes_greedy_tokens_for_every_row(family, 
     slots = pool.num_tokens + max(p.numel() for p in prompts) + 6
     assert run.kv_bytes * pool.num_tokens == 3 * prefix_bytes * slots
     assert run.seconds > 0
-
