@@ -22,6 +22,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 BENCH_EXTRA_MODULES = {"matplotlib", "scipy", "psutil"}
 BENCH_EXTRA_HINT = '; install the benchmark extras: pip install "polykv-agents[bench]"'
+PEERS_EXTRA_MODULES = {"llama_cpp", "optimum"}
+PEERS_EXTRA_HINT = (
+    '; install the peer engines: pip install "polykv-agents[peers]" (builds llama.cpp, about 15 minutes on 2 cores)'
+)
 
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Local HF model dir or cached id; default: embedded.")]
 
@@ -42,7 +46,10 @@ def clean_errors(command: F) -> F:
         except (ValueError, TypeError, ModelNotFoundError) as e:
             err.print(f"[bold red]error:[/] {escape(str(e))}")
         except ModuleNotFoundError as e:
-            hint = BENCH_EXTRA_HINT if e.name in BENCH_EXTRA_MODULES else ""
+            root = (e.name or "").split(".")[0]
+            hint = BENCH_EXTRA_HINT if root in BENCH_EXTRA_MODULES else ""
+            if root in PEERS_EXTRA_MODULES:
+                hint = PEERS_EXTRA_HINT
             err.print(f"[bold red]error:[/] {escape(f'{e}{hint}')}")
         except (PermissionError, IsADirectoryError, NotADirectoryError) as e:  # a path that cannot be read
             where = e.filename or "a file"

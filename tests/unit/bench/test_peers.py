@@ -96,3 +96,17 @@ def test_write_peers_writes_its_table_plot_and_the_servers_prompt_cache_line(tmp
         "it evaluated 5,826 of 6,820 prompt tokens" in markdown
         and "| 256 | polykv_agents (one pool) | 10.0 s" in markdown
     )
+
+
+def test_peers_without_their_extra_say_what_to_install_before_measuring(monkeypatch, tmp_path):
+    import sys
+
+    from typer.testing import CliRunner
+
+    from polykv_agents.cli.main import app
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as if llama-cpp-python were not installed
+    result = CliRunner().invoke(app, ["bench", "peers", "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    assert 'pip install "polykv-agents[peers]"' in result.stderr and "Traceback" not in result.output
+    assert not list(tmp_path.iterdir())  # nothing measured, nothing written
