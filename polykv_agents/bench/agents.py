@@ -160,6 +160,8 @@ def run_agents_bench(
         finally:
             engine.close()
 
+    naive_kv: list[int] = []  # the static cache's bytes, from each naive run
+
     def naive() -> tuple[list[list[int]], float]:
         run = naive_batched_decode(model, pool, prompts, max_new_tokens)
         naive_kv.append(run.kv_bytes)
@@ -173,7 +175,6 @@ def run_agents_bench(
     }
     samples: dict[str, list[float]] = {name: [] for name in methods}
     rss: dict[str, list[int]] = {name: [] for name in methods}
-    naive_kv: list[int] = []
     answers: dict[str, list[list[int]]] = {}
     for repetition in range(repetitions + 1):  # repetition 0 is the warm-up
         for name, method in methods.items():

@@ -28,10 +28,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from polykv_agents.eval.perplexity import continuation_nll
-from polykv_agents.model.architecture import check_causal_lm, check_fits_sliding_window
+from polykv_agents.eval.perplexity import continuation_nll, prefix_and_continuation
 from polykv_agents.model.compat import forward_with_cache, layer_key_values
-from polykv_agents.pool.documents import max_positions
 from polykv_agents.pool.prefill import DEFAULT_CHUNK_SIZE, prefill_cache
 
 BACKEND_MODULES = {"quanto": "optimum.quanto", "hqq": "hqq"}
@@ -145,21 +143,7 @@ def quantized_cache_perplexity(
         ValueError: The text is too short, or the lengths are out of range for the model.
     """
     _require_backend(backend)
-    check_causal_lm(model)
-    if context_tokens < 1 or continuation_tokens < 2:
-        msg = "context_tokens must be >= 1 and continuation_tokens >= 2 (one token is scored per following token)"
-        raise ValueError(msg)
-    ids = tokenizer(text, return_tensors="pt").input_ids[0]  # [N]
-    needed = context_tokens + continuation_tokens
-    if ids.numel() < needed:
-        msg = f"the document has {ids.numel()} tokens but context_tokens + continuation_tokens = {needed}"
-        raise ValueError(msg)
-    limit = max_positions(model)
-    if limit is not None and needed > limit:
-        msg = f"context_tokens + continuation_tokens = {needed}, but the model covers at most {limit} positions"
-        raise ValueError(msg)
-    check_fits_sliding_window(model, context_tokens)
-    prefix, continuation = ids[:context_tokens], ids[context_tokens:needed]
+    prefix, continuation = prefix_and_continuation(model, tokenizer, text, context_tokens, continuation_tokens)
 
     cache, _ = prefill_cache(model, prefix, chunk_size=chunk_size)
     # As SharedKVPool.from_cache counts fp16_nbytes.

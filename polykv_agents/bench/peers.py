@@ -89,12 +89,17 @@ def _single_stream(agent, question: str, tokens: int) -> float:
     return tokens / (time.perf_counter() - first)
 
 
+def _tokens_per_s(tokens: int, seconds: float) -> float:
+    return tokens / seconds
+
+
 def _ours_probe(model, tokenizer, document: str, context: int, decode_tokens: int) -> tuple[dict, dict]:
     """Our figures outside the graph, and the token ids llama.cpp's probe reads (the same ones)."""
     import torch
 
     from polykv_agents.agent import PooledAgent
     from polykv_agents.bench.agents import role_prompts, run_batched
+    from polykv_agents.bench.stats import median_after_warmup
     from polykv_agents.bench.ttft import ttft_pool_cold, ttft_pool_warm, ttft_reprefill
     from polykv_agents.engine import Engine
     from polykv_agents.pool.prefill import prefill_cache
@@ -102,32 +107,34 @@ def _ours_probe(model, tokenizer, document: str, context: int, decode_tokens: in
     from polykv_agents.sampling.settings import GenerationSettings
 
     pool = SharedKVPool.prefill(model, tokenizer, document)
-    prefill_s = []
-    for _ in range(2):  # the first is the warm-up
+
+    def prefill_seconds() -> float:
         started = time.perf_counter()
         prefill_cache(model, pool.token_ids)
-        prefill_s.append(time.perf_counter() - started)
+        return time.perf_counter() - started
+
+    prefill_s = median_after_warmup(1, prefill_seconds)
     engine = Engine(scheduler_idle_seconds=None)
     roles = role_prompts(AGENTS)
     agents = [PooledAgent(pool, model, tokenizer, system_prompt=r, engine=engine) for r, _ in roles]
     questions = [q for _, q in roles]
-    ttft_cold = [ttft_pool_cold(pool, model, tokenizer, roles[0][0], questions[0]) for _ in range(2)][-1]
+    ttft_cold = median_after_warmup(1, lambda: ttft_pool_cold(pool, model, tokenizer, roles[0][0], questions[0]))
     ttft_warm = ttft_pool_warm(agents[1], questions[1])
     prompt = agents[0].prompt_ids(questions[0])
-    ttft_scratch = [ttft_reprefill(model, pool, prompt) for _ in range(2)][-1]
-    single = [_single_stream(agents[0], questions[0], decode_tokens) for _ in range(2)][-1]
+    ttft_scratch = median_after_warmup(1, lambda: ttft_reprefill(model, pool, prompt))
+    single = median_after_warmup(1, lambda: _single_stream(agents[0], questions[0], decode_tokens))
     settings = GenerationSettings(max_new_tokens=decode_tokens, ignore_eos=True)
-    aggregate = [run_batched(agents, questions, settings) for _ in range(2)][-1]
+    aggregate = median_after_warmup(1, lambda: _tokens_per_s(*run_batched(agents, questions, settings)))
     scheduler = engine.schedulers.scheduler_for(model, tokenizer, pool, "decompressed")
     resident = pool.nbytes + scheduler.prefix.peak_decoded_nbytes
     engine.close()
     figures = {
-        "prefill_tok_s": pool.num_tokens / prefill_s[-1],
+        "prefill_tok_s": pool.num_tokens / prefill_s,
         "ttft_scratch_s": ttft_scratch,
         "ttft_cold_s": ttft_cold,
         "ttft_warm_s": ttft_warm,
         "decode_tok_s": single,
-        "decode_tok_s_15": aggregate[0] / aggregate[1],
+        "decode_tok_s_15": aggregate,
         "kv_bytes": pool.nbytes,
         "kv_bytes_resident": resident,
         "kv_note": f"pool {pool.nbytes / 2**20:.1f} MiB; while decoding, + the prefix decoded to {model.dtype}",

@@ -91,5 +91,6 @@ class RecordingEngine(Engine):
     def take_calls(self) -> list[RecordedCall]:
         """The calls recorded so far, forgetting them."""
         with self._calls_lock:
-            calls, self.calls[:] = list(self.calls), []
+            calls = list(self.calls)
+            self.calls.clear()
         return calls

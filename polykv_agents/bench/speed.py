@@ -15,7 +15,7 @@ agents, and pool build / decompress time. Medians over ``repetitions`` after one
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from pydantic import Field, FilePath
@@ -25,6 +25,7 @@ from polykv_agents.agent import PooledAgent
 from polykv_agents.bench.agents import role_prompts, run_batched, timed
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress, SuiteResult
+from polykv_agents.bench.stats import median_after_warmup
 from polykv_agents.bench.step_costs import attention_kernel_rows, step_intervals_ms, thread_rows
 from polykv_agents.bench.suite import SuiteOptions, TableSuite, document_text, load_model_for
 from polykv_agents.bench.ttft import ttft_pool_cold, ttft_pool_warm, ttft_reprefill
@@ -38,11 +39,6 @@ COMPRESS_TARGET_PCT = 10.0
 DECOMPRESS_TARGET_PCT = 5.0
 TTFT_SYSTEM_PROMPT = "You are an analyst."
 TTFT_QUESTION = "What is the main topic of the document?"
-
-
-def _median_of(repetitions: int, measure: Callable[[], float]) -> float:
-    measure()  # warm-up
-    return statistics.median(measure() for _ in range(repetitions))
 
 
 def _compress(model, tokenizer, cache, ids: torch.Tensor, config: CompressionConfig) -> SharedKVPool:
@@ -108,11 +104,11 @@ def run_speed_suite(
         progress(f"context {context}: time to first token, cold, warm and re-prefilling")
         agent = PooledAgent(pool, model, tokenizer, system_prompt=TTFT_SYSTEM_PROMPT, engine=engine)
         prompt = agent.prompt_ids(TTFT_QUESTION)
-        cold = _median_of(
+        cold = median_after_warmup(
             repetitions, lambda pool=pool: ttft_pool_cold(pool, model, tokenizer, TTFT_SYSTEM_PROMPT, TTFT_QUESTION)
         )
-        warm = _median_of(repetitions, lambda agent=agent: ttft_pool_warm(agent, TTFT_QUESTION))
-        reprefill = _median_of(repetitions, lambda pool=pool, p=prompt: ttft_reprefill(model, pool, p))
+        warm = median_after_warmup(repetitions, lambda agent=agent: ttft_pool_warm(agent, TTFT_QUESTION))
+        reprefill = median_after_warmup(repetitions, lambda pool=pool, p=prompt: ttft_reprefill(model, pool, p))
         rows.append(
             {
                 "kind": "ttft",
@@ -142,8 +138,8 @@ def run_speed_suite(
                 "kind": "throughput",
                 "context_tokens": pool.num_tokens,
                 "agents": n,
-                "tokens_per_s": _median_of(repetitions, throughput),
-                "ms_per_step": _median_of(
+                "tokens_per_s": median_after_warmup(repetitions, throughput),
+                "ms_per_step": median_after_warmup(
                     repetitions,
                     lambda agents=agents, questions=questions: step_intervals_ms(agents, questions, settings),
                 ),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pydantic import BaseModel
 
@@ -47,3 +47,10 @@ def mean_interval(samples: Sequence[float], confidence: float = 0.95) -> Interva
         n=len(samples),
         confidence=confidence,
     )
+
+
+def median_after_warmup(repetitions: int, measure: Callable[[], float]) -> float:
+    """The median of ``repetitions`` calls of ``measure`` after one untimed warm-up call (first passes,
+    allocations, thread start)."""
+    measure()
+    return statistics.median(measure() for _ in range(repetitions))

@@ -22,18 +22,20 @@ import torch
 from transformers import PreTrainedModel
 
 from polykv_agents.agent import PooledAgent
+from polykv_agents.bench.stats import median_after_warmup
 from polykv_agents.runtime.cascade_attention import _attend, _attend_unfused
 from polykv_agents.sampling.settings import GenerationSettings
 
 
 def _median_ms(repetitions: int, work: Callable[[], object]) -> float:
-    work()  # warm-up
-    samples = []
-    for _ in range(repetitions):
+    """Median milliseconds of ``work`` after a warm-up."""
+
+    def milliseconds() -> float:
         started = time.perf_counter()
         work()
-        samples.append(1000 * (time.perf_counter() - started))
-    return statistics.median(samples)
+        return 1000 * (time.perf_counter() - started)
+
+    return median_after_warmup(repetitions, milliseconds)
 
 
 def _head_dims(model: PreTrainedModel) -> tuple[int, int, int]:

@@ -55,17 +55,10 @@ def continuation_nll(model: PreTrainedModel, cache, continuation: torch.Tensor, 
     return F.cross_entropy(logits[0, :-1].float(), continuation[1:].to(logits.device)).item()
 
 
-def perplexity_deltas(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    text: str,
-    *,
-    context_tokens: int,
-    continuation_tokens: int,
-    configs: Sequence[CompressionConfig],
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> list[PerplexityResult]:
-    """Perplexity with the full-precision prefix cache and with each config's pool, from one prefill.
+def prefix_and_continuation(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, text: str, context_tokens: int, continuation_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The protocol's token split of ``text``: ``(prefix [context_tokens], continuation [continuation_tokens])``.
 
     Raises:
         ValueError: The text is shorter than ``context_tokens + continuation_tokens``, the lengths are
@@ -91,7 +84,26 @@ def perplexity_deltas(
         )
         raise ValueError(msg)
     check_fits_sliding_window(model, context_tokens)
-    prefix, continuation = ids[:context_tokens], ids[context_tokens:needed]
+    return ids[:context_tokens], ids[context_tokens:needed]
+
+
+def perplexity_deltas(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    text: str,
+    *,
+    context_tokens: int,
+    continuation_tokens: int,
+    configs: Sequence[CompressionConfig],
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> list[PerplexityResult]:
+    """Perplexity with the full-precision prefix cache and with each config's pool, from one prefill.
+
+    Raises:
+        ValueError: The text is shorter than ``context_tokens + continuation_tokens``, the lengths are
+            out of range, or longer than the model's positions or sliding window.
+    """
+    prefix, continuation = prefix_and_continuation(model, tokenizer, text, context_tokens, continuation_tokens)
 
     cache, _ = prefill_cache(model, prefix, chunk_size=chunk_size)
     full_key_values = layer_key_values(cache)

@@ -58,3 +58,10 @@ def test_sweep_intervals_are_over_documents_with_seeds_averaged_within_each():
     # The t-interval of three documents is wider than that of the six samples taken as independent.
     six = mean_interval([s["delta_pct"] for s in samples])
     assert fields["delta_pct_ci_high"] - fields["delta_pct_ci_low"] > six.high - six.low
+
+
+def test_median_after_warmup_drops_the_first_call():
+    from polykv_agents.bench.stats import median_after_warmup
+
+    values = iter([100.0, 3.0, 1.0, 2.0])
+    assert median_after_warmup(3, lambda: next(values)) == 2.0  # the 100 s warm-up is not a sample
