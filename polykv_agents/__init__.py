@@ -14,6 +14,7 @@ from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.config import CodecConfig, CompressionConfig
 from polykv_agents.engine import Engine, default_engine, load_model
 from polykv_agents.graph.prefetch import PrefetchDocument
+from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.model.fingerprint import ModelFingerprint
 from polykv_agents.model.loading import DEFAULT_MODEL, ModelNotFoundError
 from polykv_agents.pool import MemoryReport, PoolHandle, PoolStore, SharedKVPool
@@ -36,6 +37,7 @@ __all__ = [
     "SharedKVPool",
     "default_engine",
     "load_model",
+    "run_on_compute_thread",
 ]
 
 __version__ = "0.1.0"

@@ -25,6 +25,7 @@ import threading
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from polykv_agents.model.dtype import DtypeName
 from polykv_agents.model.loading import ModelCache
 from polykv_agents.pool.registry import DEFAULT_MAX_BYTES, PoolRegistry
 from polykv_agents.runtime.backend import Backend, BatchedBackend, PrivateBackend, Runtime, check_runtime
@@ -64,7 +65,7 @@ class Engine:
         return f"Engine(models={len(self.models)}, pools={self.pools!r}, schedulers={len(self.schedulers)})"
 
     def load_model(
-        self, name_or_path: str | None = None, *, dtype: torch.dtype | None = None, device: str = "cpu"
+        self, name_or_path: str | None = None, *, dtype: torch.dtype | DtypeName | None = "auto", device: str = "cpu"
     ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         """``(model, tokenizer)``, loaded once per engine; see :meth:`ModelCache.load`."""
         return self.models.load(name_or_path, dtype=dtype, device=device)
@@ -94,14 +95,17 @@ def default_engine() -> Engine:
 
 
 def load_model(
-    name_or_path: str | None = None, *, dtype: torch.dtype | None = None, device: str = "cpu"
+    name_or_path: str | None = None, *, dtype: torch.dtype | DtypeName | None = "auto", device: str = "cpu"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer through the default engine, once per process.
 
     Args:
         name_or_path: ``None`` (or ``"SmolLM2-135M-Instruct"``) for the embedded model, else a
             local directory or a hub id already in the local cache.
-        dtype: Weights dtype; ``None`` keeps the checkpoint's (fp32 for the embedded GGUF).
+        dtype: Weights and compute dtype. ``"auto"`` (default): bf16 where the device computes it natively
+            (AVX-512 bf16 or AMX CPUs, CUDA), else fp32 (fp16 on older GPUs); ``POLYKV_DTYPE`` can say what
+            ``auto`` means. ``None`` keeps the checkpoint's (fp32 for the embedded GGUF). See
+            :mod:`polykv_agents.model.dtype`.
         device: ``"cpu"``, ``"cuda"``, ...
 
     Raises:

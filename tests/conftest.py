@@ -10,6 +10,9 @@ from pathlib import Path
 # services to the address this setting makes it pick), and Ray sends no usage statistics.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# The suite checks exact equivalences (batched == sequential, token for token), which hold in fp32: "auto"
+# means fp32 here unless a run says otherwise. Tests of bf16 ask for it by name.
+os.environ.setdefault("POLYKV_DTYPE", "float32")
 
 import pytest
 import torch

@@ -17,6 +17,7 @@ import torch
 from transformers import PreTrainedModel, StaticCache
 
 from polykv_agents.model.compat import cache_keyword, layer_key_values
+from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.pool.shared_pool import SharedKVPool
 
 
@@ -46,13 +47,20 @@ def _left_padded(prompts: list[torch.Tensor], start: int) -> tuple[torch.Tensor,
     return ids, mask, positions
 
 
-@torch.inference_mode()
 def naive_batched_decode(
     model: PreTrainedModel, pool: SharedKVPool, prompts: list[torch.Tensor], max_new_tokens: int
 ) -> NaiveRun:
-    """Greedy-decode ``max_new_tokens`` per prompt (EOS ignored) over N copies of the pool's decoded prefix.
+    """Greedy-decode ``max_new_tokens`` per prompt (EOS ignored) over N copies of the pool's decoded prefix,
+    on the compute thread, as the runtime's own steps run.
 
     ``prompts``: each agent's prompt ids ``[n_i]`` (what comes after the document)."""
+    return run_on_compute_thread(_naive_batched_decode, model, pool, prompts, max_new_tokens)
+
+
+@torch.inference_mode()
+def _naive_batched_decode(
+    model: PreTrainedModel, pool: SharedKVPool, prompts: list[torch.Tensor], max_new_tokens: int
+) -> NaiveRun:
     started = time.perf_counter()
     rows, start = len(prompts), pool.num_tokens
     ids, mask, positions = _left_padded(prompts, start)

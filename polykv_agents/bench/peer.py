@@ -12,11 +12,8 @@ RSS with N agents at once.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
-import subprocess
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +27,7 @@ from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.memory import runtime_peak
 from polykv_agents.bench.output import Progress, SuiteResult
 from polykv_agents.bench.quality import QUESTIONS, Similarity
+from polykv_agents.bench.side_process import SideProcessError, run_side
 from polykv_agents.bench.suite import SuiteOptions, TableSuite, load_model_for
 from polykv_agents.config import CompressionConfig
 from polykv_agents.eval.agreement import exact_match, token_f1
@@ -46,21 +44,15 @@ class PeerRunError(ValueError):
 
 
 def _run_peer(peer_python: str, request: dict, timeout_s: float) -> dict:
-    with tempfile.TemporaryDirectory() as folder:
-        request_path, result_path = Path(folder, "request.json"), Path(folder, "result.json")
-        request_path.write_text(json.dumps(request))
-        done = subprocess.run(
-            [peer_python, str(PEER_SIDE), str(request_path), str(result_path)],
-            capture_output=True, text=True, timeout=timeout_s, check=False,
-        )  # fmt: skip
-        if done.returncode != 0:
-            tail = "\n".join(done.stderr.strip().splitlines()[-15:])
-            msg = (
-                f"the peer run failed (exit {done.returncode}) in {peer_python}; it needs an environment with "
-                f"polykv-llm==0.1.0, torch, transformers, gguf and accelerate:\n{tail}"
-            )
-            raise PeerRunError(msg)
-        return json.loads(result_path.read_text())
+    try:
+        return run_side(PEER_SIDE, request, what="the peer run", timeout_s=timeout_s, python=peer_python)
+    except SideProcessError as e:
+        tail = "\n".join(e.stderr.strip().splitlines()[-15:])
+        msg = (
+            f"the peer run failed (exit {e.returncode}) in {peer_python}; it needs an environment with "
+            f"polykv-llm==0.1.0, torch, transformers, gguf and accelerate:\n{tail}"
+        )
+        raise PeerRunError(msg) from e
 
 
 def _ours(model, tokenizer, prefix: torch.Tensor, continuation: torch.Tensor, max_new_tokens: int) -> dict:

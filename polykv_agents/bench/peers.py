@@ -24,11 +24,7 @@ on the same texts, contexts and protocol (``kind="compression"`` rows; the engin
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +33,7 @@ from pydantic import Field, FilePath
 
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress, SuiteResult
+from polykv_agents.bench.side_process import run_side
 from polykv_agents.bench.suite import SuiteOptions, TableSuite
 from polykv_agents.bench.workflows import LANGGRAPH_JSON
 
@@ -64,17 +61,7 @@ class PeersOptions(SuiteOptions):
 
 def _llamacpp(request: dict[str, Any], timeout_s: float = 3600) -> dict[str, Any]:
     """Run :mod:`llamacpp_side` on ``request`` in a fresh process; its result."""
-    with tempfile.TemporaryDirectory() as folder:
-        request_path, result_path = Path(folder) / "request.json", Path(folder) / "result.json"
-        request_path.write_text(json.dumps(request))
-        done = subprocess.run(
-            [sys.executable, str(LLAMACPP_SIDE), str(request_path), str(result_path)],
-            capture_output=True, text=True, timeout=timeout_s, check=False,
-        )  # fmt: skip
-        if done.returncode != 0:
-            msg = f"the llama.cpp run failed (exit {done.returncode}): {done.stderr[-2000:]}"
-            raise RuntimeError(msg)
-        return json.loads(result_path.read_text())
+    return run_side(LLAMACPP_SIDE, request, what="the llama.cpp run", timeout_s=timeout_s)
 
 
 def _single_stream(agent, question: str, tokens: int) -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from polykv_agents.bench import (
     ablation,
     agents,
+    dtypes,
     grammar_overhead,
     graph_e2e,
     load_soak,
@@ -25,7 +26,8 @@ from polykv_agents.bench import (
 from polykv_agents.bench.suite import Suite
 
 _MODULES = (
-    memory, quality, speed, ablation, peer, agents, graph_e2e, peers, load_soak, grammar_overhead, ray_scale_out,
+    memory, quality, speed, dtypes, ablation, peer, agents, graph_e2e, peers, load_soak, grammar_overhead,
+    ray_scale_out,
 )  # fmt: skip
 SUITES: dict[str, Suite] = {module.SUITE.name: module.SUITE for module in _MODULES}
 """Suite name -> suite (a documented registry: filled once, here, never changed at run time)."""

@@ -8,8 +8,8 @@ agents, and pool build / decompress time. Medians over ``repetitions`` after one
   generated tokens per second (admission of their prompts included), at the first context length;
 - build: prefill, compress (pool from that cache) and decompress (pool -> a cache in the model's
   dtype), with the targets: compress <= 10% and decompress <= 5% of the prefill time;
-- step costs (:mod:`polykv_agents.bench.step_costs`): ms per batched step at each agent count, the
-  cascade prefix kernel fused vs unfused, and the model's forward on the main vs a worker thread.
+- step costs (:mod:`polykv_agents.bench.step_costs`): ms per batched step at each agent count, and the
+  cascade prefix kernel fused vs unfused.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from polykv_agents.bench.agents import role_prompts, run_batched, timed
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress, SuiteResult
 from polykv_agents.bench.stats import median_after_warmup
-from polykv_agents.bench.step_costs import attention_kernel_rows, step_intervals_ms, thread_rows
+from polykv_agents.bench.step_costs import attention_kernel_rows, step_intervals_ms
 from polykv_agents.bench.suite import SuiteOptions, TableSuite, document_text, load_model_for
 from polykv_agents.bench.ttft import ttft_pool_cold, ttft_pool_warm, ttft_reprefill
 from polykv_agents.config import CompressionConfig
@@ -87,10 +87,8 @@ def run_speed_suite(
     if ids.numel() < max(contexts):
         msg = f"the document has {ids.numel()} tokens, fewer than the largest context {max(contexts)}"
         raise ValueError(msg)
-    progress("the model's forward on the main thread and on a worker thread")
-    rows = thread_rows(model, batch_sizes=(1, max(agent_counts)), repetitions=10 * repetitions)
     progress(f"context {contexts[0]}: the cascade prefix kernel, fused vs unfused")
-    rows += attention_kernel_rows(
+    rows = attention_kernel_rows(
         model, context=contexts[0], agents=max(agent_counts), prompt_tokens=40, repetitions=10 * repetitions
     )
     pools = {}
@@ -198,7 +196,6 @@ def step_costs_block(result: SuiteResult) -> str:
     """docs/RUNTIME.md's figures on what a step costs, all from this suite's rows."""
     kernel = {r["shape"]: r for r in result.rows if r["kind"] == "kernel"}
     steps = sorted((r for r in result.rows if r["kind"] == "throughput"), key=lambda r: r["agents"])
-    threads = {r["batch_size"]: r for r in result.rows if r["kind"] == "thread"}
     decode, admission = kernel["decode step"], kernel["admission prefill"]
     one, most = steps[0], steps[-1]
     lines = [
@@ -208,18 +205,10 @@ def step_costs_block(result: SuiteResult) -> str:
         f"({decode['speedup']:.1f}x), {admission['ms_per_layer_fused']:.1f} ms against "
         f"{admission['ms_per_layer_unfused']:.1f} ms for an admission prefill of "
         f"{admission['query_tokens_per_agent']}-token prompts ({admission['speedup']:.1f}x).",
-        f"- One step at {one['context_tokens']:,} tokens, on the scheduler's worker thread: "
+        f"- One step at {one['context_tokens']:,} tokens ({result.info.dtype}), on the compute thread: "
         f"{one['ms_per_step']:.0f} ms with {one['agents']} agent, {most['ms_per_step']:.0f} ms with {most['agents']} "
         f"({most['tokens_per_s']:.1f} tokens/s in all).",
     ]
-    if threads:
-        parts = [
-            f"{r['ms_main_thread_first']:.1f} ms on the main thread, {r['ms_worker_thread']:.1f} ms on a worker "
-            f"thread and {r['ms_main_thread_after']:.1f} ms on the main thread again for {batch} "
-            f"row{'s' if batch > 1 else ''}"
-            for batch, r in sorted(threads.items())
-        ]
-        lines.append(f"- The model's weights alone (one token per row, no cache): {'; '.join(parts)}.")
     return "\n".join(lines) + f"\n\n(`polykv-agents bench speed`, {result.info.date}; docs/RESULTS.md, Speed.)"
 
 

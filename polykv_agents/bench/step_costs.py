@@ -4,10 +4,10 @@
   kernel against the matmul-softmax-matmul fallback, at the shapes of a decode step and of an admission
   prefill of N agents;
 - :func:`step_intervals_ms`: the time between consecutive tokens of agents decoding at once through the
-  runtime (one batched step each), as users get it, on the scheduler's worker thread;
-- :func:`thread_rows`: one forward of the model's weights over ``[N, 1]`` tokens on the main thread and
-  on a second thread once both have run OpenMP regions (libgomp then stops spinning and wakes its
-  helper threads through the kernel).
+  runtime (one batched step each), as users get it, on the compute thread.
+
+What a second thread's tensor work costs every later step is measured by the dtype suite, in fresh
+processes (:mod:`polykv_agents.bench.openmp_teams`).
 """
 
 from __future__ import annotations
@@ -23,19 +23,22 @@ from transformers import PreTrainedModel
 
 from polykv_agents.agent import PooledAgent
 from polykv_agents.bench.stats import median_after_warmup
+from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.runtime.cascade_attention import _attend, _attend_unfused
 from polykv_agents.sampling.settings import GenerationSettings
 
 
 def _median_ms(repetitions: int, work: Callable[[], object]) -> float:
-    """Median milliseconds of ``work`` after a warm-up."""
+    """Median milliseconds of ``work`` after a warm-up, on the compute thread (timed there: the hand-over
+    is not the work's cost), where the runtime runs it; on any other thread it would start a second
+    OpenMP team and slow down everything measured after it."""
 
     def milliseconds() -> float:
         started = time.perf_counter()
         work()
         return 1000 * (time.perf_counter() - started)
 
-    return median_after_warmup(repetitions, milliseconds)
+    return median_after_warmup(repetitions, lambda: run_on_compute_thread(milliseconds))
 
 
 def _head_dims(model: PreTrainedModel) -> tuple[int, int, int]:
@@ -45,11 +48,21 @@ def _head_dims(model: PreTrainedModel) -> tuple[int, int, int]:
     return heads, config.num_key_value_heads, head_dim
 
 
-@torch.inference_mode()
 def attention_kernel_rows(
     model: PreTrainedModel, *, context: int, agents: int, prompt_tokens: int, repetitions: int
 ) -> list[dict]:
-    """One row per shape (decode step, admission): ms per layer, fused and unfused."""
+    """One row per shape (decode step, admission): ms per layer, fused and unfused; inputs made and timed on
+    the compute thread."""
+    return run_on_compute_thread(
+        _attention_kernel_rows, model, context=context, agents=agents, prompt_tokens=prompt_tokens,
+        repetitions=repetitions,
+    )  # fmt: skip
+
+
+@torch.inference_mode()
+def _attention_kernel_rows(
+    model: PreTrainedModel, *, context: int, agents: int, prompt_tokens: int, repetitions: int
+) -> list[dict]:
     heads, kv_heads, head_dim = _head_dims(model)
     groups = heads // kv_heads
     keys = torch.randn(1, kv_heads, context, head_dim, dtype=model.dtype)
@@ -87,37 +100,3 @@ def step_intervals_ms(agents: Sequence[PooledAgent], questions: Sequence[str], s
         list(executor.map(answer, range(len(agents))))
     gaps = [1000 * (b - a) for times in arrivals for a, b in itertools.pairwise(times)]
     return statistics.median(gaps)
-
-
-@torch.inference_mode()
-def thread_rows(model: PreTrainedModel, *, batch_sizes: Sequence[int], repetitions: int) -> list[dict]:
-    """One row per batch size: ms of one forward over ``[N, 1]`` tokens (no cache) on the main thread and on a
-    worker thread, after both threads have run OpenMP regions."""
-    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polykv-step")
-    rows = []
-    try:
-        for batch in batch_sizes:
-            ids = torch.ones(batch, 1, dtype=torch.long)
-
-            def forward(ids=ids) -> None:
-                with torch.inference_mode():  # grad mode is per thread: the worker needs its own
-                    model(input_ids=ids, use_cache=False, logits_to_keep=1)
-
-            def on_worker(forward=forward) -> None:
-                worker.submit(forward).result()
-
-            main_ms = _median_ms(repetitions, forward)
-            worker_ms = _median_ms(repetitions, on_worker)
-            main_again = _median_ms(repetitions, forward)  # the main thread, now that two threads ran OpenMP
-            rows.append(
-                {
-                    "kind": "thread",
-                    "batch_size": batch,
-                    "ms_main_thread_first": main_ms,
-                    "ms_worker_thread": worker_ms,
-                    "ms_main_thread_after": main_again,
-                }
-            )
-    finally:
-        worker.shutdown()
-    return rows

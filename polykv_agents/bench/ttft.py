@@ -20,6 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.agent import PooledAgent
 from polykv_agents.engine import Engine
+from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.pool.prefill import prefill_cache
 from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.runtime.shared_prefix import Residency
@@ -62,5 +63,5 @@ def ttft_reprefill(model: PreTrainedModel, pool: SharedKVPool, prompt: torch.Ten
     ids = torch.cat([pool.token_ids, prompt])
     started = time.perf_counter()
     _, logits = prefill_cache(model, ids)
-    int(logits.argmax())
+    run_on_compute_thread(lambda: int(logits.argmax()))
     return time.perf_counter() - started

@@ -44,7 +44,7 @@ def write_memory(result: SuiteResult, out_dir: Path) -> list[Path]:
 
 def write_speed(result: SuiteResult, out_dir: Path) -> list[Path]:
     """The build rows make the main table; TTFT and throughput get small tables in the notes."""
-    kinds = ("build", "ttft", "throughput", "kernel", "thread")
+    kinds = ("build", "ttft", "throughput", "kernel")
     rows = {kind: [r for r in result.rows if r["kind"] == kind] for kind in kinds}
     columns = [
         column("context", "context_tokens"),
@@ -87,15 +87,6 @@ def write_speed(result: SuiteResult, out_dir: Path) -> list[Path]:
             column("speed-up", "speedup", "{:.1f}x"),
         ],
     )
-    thread = markdown_table(
-        rows["thread"],
-        [
-            column("rows", "batch_size"),
-            column("main thread ms", "ms_main_thread_first", "{:.1f}"),
-            column("worker thread ms", "ms_worker_thread", "{:.1f}"),
-            column("main thread after ms", "ms_main_thread_after", "{:.1f}"),
-        ],
-    )
     notes = [
         "Targets: compress <= 10% and decompress <= 5% of the prefill time.",
         "Time to first token of one agent (`polykv_agents/bench/ttft.py`). Cold: the first call of a fresh engine, "
@@ -104,12 +95,10 @@ def write_speed(result: SuiteResult, out_dir: Path) -> list[Path]:
         "prefilled again into a fresh cache, as a plain local chat model does on every call:\n\n" + ttft,
         "Aggregate decode throughput, N agents at once through the runtime, prefix resident (their prompts' "
         "admission included); ms per step is the median time between an agent's consecutive tokens while all "
-        "decode (one batched step each, on the scheduler's worker thread):\n\n" + throughput,
+        "decode (one batched step each, on the compute thread):\n\n" + throughput,
         "The prefix part of cascade attention for one layer (`polykv_agents/bench/step_costs.py`): PyTorch's fused "
         "CPU attention kernel, which the runtime calls, against the matmul-softmax-matmul fallback kept for other "
         "devices:\n\n" + kernel,
-        "One forward of the model's weights over one token per row, no cache: on the main thread first, then on a "
-        "worker thread, then on the main thread again once two threads have run OpenMP regions:\n\n" + thread,
     ]
     figures = {"throughput": plots.throughput_vs_agents(rows["throughput"])}
     return write_suite(
@@ -338,7 +327,56 @@ def compression_table(rows: list[dict]) -> str:
     )
 
 
+def write_dtype(result: SuiteResult, out_dir: Path) -> list[Path]:
+    """Speed per dtype makes the main table; perplexity and the OpenMP teams get tables in the notes."""
+    speed = [r for r in result.rows if r["kind"] == "speed"]
+    teams = [r for r in result.rows if r["kind"] == "teams"]
+    n = speed[0]["agents"]
+    columns = [
+        column("dtype", "dtype"),
+        column("context", "context_tokens"),
+        column("prefill s", "prefill_s", "{:.2f}"),
+        column("ms per step, 1 agent", "ms_per_step_1", "{:.1f}"),
+        column(f"ms per step, {n} agents", "ms_per_step_n", "{:.1f}"),
+        column(f"tokens/s, {n} agents", "tok_s_n", "{:.1f}"),
+    ]
+    ppl = markdown_table(
+        result.summary["ppl"],
+        [
+            column("model reads in", "reader"),
+            column("cache", "cache"),
+            Column("PPL delta vs fp32 full cache, mean [95% CI]", _pct_interval),
+            column("documents", "documents"),
+        ],
+    )
+    team_table = markdown_table(
+        teams,
+        [
+            column("dtype", "dtype"),
+            column("rows", "batch_size"),
+            column("one team ms", "ms_one_team", "{:.1f}"),
+            column("after a second thread's tensor work ms", "ms_after_second_team", "{:.1f}"),
+            Column("slower by", lambda r: f"{r['ms_after_second_team'] / r['ms_one_team']:.2f}x"),
+        ],
+    )
+    settings = result.settings
+    notes = [
+        f"Both dtypes in one run, {settings['repetitions']} repetitions after a warm-up (medians). ms per step: the "
+        "median time between an agent's consecutive tokens while all decode through the runtime, over a pool built "
+        "by a model of that dtype.",
+        f"Perplexity of the {settings['continuation_tokens']} tokens after a {settings['context']}-token prefix, "
+        f"{settings['documents']} pydoc texts, intervals over documents. A pool holds codes and one pool (one digest) "
+        "serves both dtypes; a model that reads a pool built by the other dtype reads keys and values that its own "
+        "forward would have computed slightly differently:\n\n" + ppl,
+        "One forward over one token per row (no cache) on the compute thread, before and after a second thread of "
+        "the process ran one such forward and stayed alive, idle, each in a fresh process "
+        "(`polykv_agents/bench/openmp_teams.py`; why: `polykv_agents/model/compute_thread.py`):\n\n" + team_table,
+    ]
+    return write_suite(result, out_dir, title="fp32 and bf16", columns=columns, notes=notes, table_rows=speed)
+
+
 WRITERS = {
+    "dtype": write_dtype,
     "memory": write_memory,
     "quality": write_quality,
     "speed": write_speed,

@@ -33,6 +33,7 @@ from polykv_agents.chat.async_bridge import iterate_in_thread
 from polykv_agents.chat.messages import to_chat_messages
 from polykv_agents.chat.structured_output import response_format_grammar, structured_output
 from polykv_agents.engine import Engine, default_engine
+from polykv_agents.model.dtype import DtypeName
 from polykv_agents.model.loading import DEFAULT_MODEL
 from polykv_agents.pool.documents import Document
 from polykv_agents.pool.handle import PoolHandle
@@ -144,6 +145,10 @@ class ChatPolyKV(BaseChatModel):
 
     device: str = "cpu"
     """Where the model runs: ``cpu``, ``cuda``, ..."""
+
+    dtype: DtypeName = "auto"
+    """What the model computes in: ``auto`` is bf16 where the device has it natively (AVX-512 bf16 or AMX
+    CPUs, CUDA), else fp32. A pool serves every dtype: it holds codes, not tensors of one dtype."""
 
     parallel_tool_calls: bool = False
     """Whether one answer may hold several tool calls; ``bind_tools(parallel_tool_calls=...)`` overrides it.
@@ -295,7 +300,7 @@ class ChatPolyKV(BaseChatModel):
         settings = self._settings(stop, kwargs, tools)
         model_name = kwargs.get("model", self.model)
         engine = self.resolved_engine
-        model, tokenizer = engine.load_model(model_name, device=self.device)
+        model, tokenizer = engine.load_model(model_name, dtype=self.dtype, device=self.device)
         turns = to_chat_messages(messages)
         with contextlib.ExitStack() as lease:
             pool = None

@@ -24,6 +24,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from polykv_agents.config import CompressionConfig
 from polykv_agents.model.architecture import check_causal_lm, check_fits_sliding_window
 from polykv_agents.model.compat import cache_from_key_values, forward_with_cache, layer_key_values
+from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.pool.documents import max_positions
 from polykv_agents.pool.prefill import DEFAULT_CHUNK_SIZE, prefill_cache
 from polykv_agents.pool.shared_pool import SharedKVPool
@@ -51,8 +52,11 @@ class PerplexityResult(BaseModel):
 def continuation_nll(model: PreTrainedModel, cache, continuation: torch.Tensor, start: int) -> float:
     """Mean negative log-likelihood of ``continuation[1:]`` given ``cache`` (consumed)."""
     logits = forward_with_cache(model, continuation.unsqueeze(0).to(model.device), cache, start_position=start)
-    # logits[0, i] predicts continuation[i + 1]: [M - 1, vocab] against [M - 1]
-    return F.cross_entropy(logits[0, :-1].float(), continuation[1:].to(logits.device)).item()
+    # logits[0, i] predicts continuation[i + 1]: [M - 1, vocab] against [M - 1]; on the compute thread, as
+    # every other tensor operation this large
+    return run_on_compute_thread(
+        lambda: F.cross_entropy(logits[0, :-1].float(), continuation[1:].to(logits.device)).item()
+    )
 
 
 def prefix_and_continuation(

@@ -19,6 +19,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache
 
+from polykv_agents.model.compute_thread import run_on_compute_thread
+
 
 @functools.cache
 def _cache_keyword_for(forward_owner: type) -> str:
@@ -50,16 +52,25 @@ def forward_with_cache(
     Positions are passed explicitly rather than inferred from the cache length: with an externally
     built cache, inferred positions are the classic way to mis-place tokens silently.
 
+    Runs on the process's compute thread (:mod:`polykv_agents.model.compute_thread`).
+
     Returns:
         Logits ``[1, n or logits_to_keep, vocab]``; ``cache`` is updated in place by the model.
     """
+    return run_on_compute_thread(
+        _forward_with_cache, model, input_ids, cache, start_position, logits_to_keep=logits_to_keep, **kwargs
+    )
+
+
+def _forward_with_cache(
+    model: PreTrainedModel, input_ids: torch.Tensor, cache: Cache, start_position: int, **kwargs: Any
+) -> torch.Tensor:
     num_new = input_ids.shape[-1]
     position_ids = torch.arange(start_position, start_position + num_new, device=input_ids.device)
     outputs = model(
         input_ids=input_ids,
         position_ids=position_ids.unsqueeze(0),  # [1, n]
         use_cache=True,
-        logits_to_keep=logits_to_keep,
         **{cache_keyword(model): cache},
         **kwargs,
     )
@@ -83,7 +94,12 @@ def layer_key_values(cache: Cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def cache_from_key_values(model: PreTrainedModel, key_values: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
     """A fresh ``DynamicCache`` holding ``key_values``; the cache's update concatenates, so the
-    given tensors are never written to."""
+    given tensors are never written to. The copies run on the compute thread: a concatenation this large
+    is a parallel region."""
+    return run_on_compute_thread(_cache_from_key_values, model, key_values)
+
+
+def _cache_from_key_values(model: PreTrainedModel, key_values: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
     cache = new_dynamic_cache(model)
     for layer_idx, (keys, values) in enumerate(key_values):
         cache.update(keys, values, layer_idx)

@@ -1,5 +1,10 @@
 """What identifies a model for a pool: a pool's KV tensors only mean something to the model (and
-tokenizer) that produced them, so every pool records a fingerprint and every reader checks it."""
+tokenizer) that produced them, so every pool records a fingerprint and every reader checks it.
+
+The dtype is not part of the identity. A pool holds codes, decoded into whatever dtype the reader
+computes in, so the same weights in fp32 and in bf16 are the same model for a pool: the weights hash
+is taken over a sample rounded to bf16, which both dtypes give bit for bit. (An fp16 copy rounds its
+weights differently and is told apart, with a message that names the dtypes.)"""
 
 from __future__ import annotations
 
@@ -12,13 +17,18 @@ from pydantic import BaseModel, ConfigDict
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.codecs.encoded import dtype_name
+from polykv_agents.model.compute_thread import run_on_compute_thread
 
 # Enough of the input embedding to tell two checkpoints of one architecture apart, cheaply.
 _WEIGHT_SAMPLE_ELEMENTS = 1 << 16
 
+DTYPE_FREE_FIELDS = ("dtype",)
+"""Fields recorded for information only, not compared: the dtype of the model that built the pool."""
+
 
 class ModelFingerprint(BaseModel):
-    """Architecture, shapes, dtype, name, and short hashes of weights and vocabulary."""
+    """Architecture, shapes, name, and short hashes of weights and vocabulary; plus the dtype of the model
+    that computed it, recorded but not compared (see the module doc)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -33,12 +43,12 @@ class ModelFingerprint(BaseModel):
     tokenizer_sha: str
 
     def mismatches(self, other: ModelFingerprint) -> list[str]:
-        """Names of the fields that differ, each with both values. ``name`` is informational only:
-        the same weights under another path are the same model."""
+        """Names of the fields that differ, each with both values. ``name`` and ``dtype`` are informational
+        only: the same weights under another path, or in another dtype, are the same model."""
         return [
             f"{field}: {getattr(self, field)!r} != {getattr(other, field)!r}"
             for field in type(self).model_fields
-            if field != "name" and getattr(self, field) != getattr(other, field)
+            if field not in ("name", *DTYPE_FREE_FIELDS) and getattr(self, field) != getattr(other, field)
         ]
 
 
@@ -70,7 +80,7 @@ def model_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
         memo = _MEMO.setdefault(model, weakref.WeakKeyDictionary()).get(tokenizer)
     if memo is not None and memo[0] == state:
         return memo[1]
-    fingerprint = _compute_fingerprint(model, tokenizer)
+    fingerprint = run_on_compute_thread(_compute_fingerprint, model, tokenizer)
     with _MEMO_LOCK:
         _MEMO.setdefault(model, weakref.WeakKeyDictionary())[tokenizer] = (state, fingerprint)
     return fingerprint
@@ -81,7 +91,8 @@ def _compute_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerB
     num_heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
     embedding = model.get_input_embeddings().weight.detach()
-    sample = embedding.flatten()[:_WEIGHT_SAMPLE_ELEMENTS].to("cpu", torch.float32).contiguous()
+    # Rounded to bf16 first: an fp32 model and its bf16 copy then hash alike.
+    sample = embedding.flatten()[:_WEIGHT_SAMPLE_ELEMENTS].to("cpu", torch.bfloat16).to(torch.float32).contiguous()
     vocab = sorted(tokenizer.get_vocab().items())
     return ModelFingerprint(
         name=str(getattr(model.config, "name_or_path", "") or type(model).__name__),
@@ -98,9 +109,15 @@ def _compute_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerB
 
 def check_same_model(expected: ModelFingerprint, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
     """Raise ``ValueError`` unless ``model`` and ``tokenizer`` have the fingerprint ``expected`` (a pool's)."""
-    problems = expected.mismatches(model_fingerprint(model, tokenizer))
+    actual = model_fingerprint(model, tokenizer)
+    problems = expected.mismatches(actual)
     if not problems:
         return
+    if "float16" in (expected.dtype, actual.dtype) and expected.dtype != actual.dtype:
+        problems.append(
+            f"the pool was built by a {expected.dtype} model and this one is {actual.dtype}: fp16 rounds the weights "
+            "differently from fp32 and bf16, so load the model in the pool's dtype"
+        )
     name = getattr(model.config, "name_or_path", "") or type(model).__name__
     msg = (
         f"This pool was built with model {expected.name!r} and its tokenizer, and cannot be read with {name!r} and "

@@ -20,6 +20,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from polykv_agents.model.compute_thread import run_on_compute_thread
+from polykv_agents.model.dtype import DtypeName, resolve_dtype
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -69,15 +72,23 @@ def _quiet_progress_bars() -> Iterator[None]:
 def load_model_uncached(
     name_or_path: str | None, dtype: torch.dtype | None, device: str
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load from local files, on the compute thread (de-quantising a GGUF file and casting are tensor work)."""
+    return run_on_compute_thread(_load, name_or_path, dtype, device)
+
+
+def _load(
+    name_or_path: str | None, dtype: torch.dtype | None, device: str
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     if name_or_path is None or name_or_path == DEFAULT_MODEL:
         gguf = embedded_model_file()
-        source, kwargs = str(gguf.parent), {"gguf_file": gguf.name}
+        # De-quantised to fp32 (transformers' fastest GGUF path), then cast below.
+        source, kwargs, load_dtype = str(gguf.parent), {"gguf_file": gguf.name}, torch.float32
     else:
-        source, kwargs = name_or_path, {"local_files_only": True}
+        source, kwargs, load_dtype = name_or_path, {"local_files_only": True}, dtype or "auto"
     try:
         with _quiet_progress_bars():
             tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype or "auto", **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=load_dtype, **kwargs)
     except ValueError as e:
         if "Unrecognized configuration class" in str(e):
             msg = f"{name_or_path!r} is not a causal language model (AutoModelForCausalLM cannot load it): {e}"
@@ -89,7 +100,7 @@ def load_model_uncached(
             "Pass a local directory, or a hub id already in the local Hugging Face cache."
         )
         raise ModelNotFoundError(msg) from e
-    model.to(device)
+    model.to(device=device, dtype=dtype)
     model.eval()
     if name_or_path in (None, DEFAULT_MODEL):  # not the GGUF file's folder, whichever way it was asked for
         model.config.name_or_path = DEFAULT_MODEL
@@ -111,9 +122,10 @@ class ModelCache:
         return f"ModelCache({sorted(self._loaded)})"
 
     def load(
-        self, name_or_path: str | None = None, *, dtype: torch.dtype | None = None, device: str = "cpu"
+        self, name_or_path: str | None = None, *, dtype: torch.dtype | DtypeName | None = "auto", device: str = "cpu"
     ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         """``(model, tokenizer)``, loaded once per cache; arguments and errors as :func:`polykv_agents.load_model`."""
+        dtype = resolve_dtype(dtype, device)  # "auto" and the dtype it means share one copy
         key = (name_or_path or DEFAULT_MODEL, str(dtype), str(device))
         with self._lock:  # held while loading: two callers of one model must not load it twice
             if key not in self._loaded:

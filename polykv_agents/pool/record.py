@@ -28,9 +28,12 @@ from polykv_agents.config import CompressionConfig
 from polykv_agents.model.fingerprint import ModelFingerprint
 from polykv_agents.pool.shared_pool import EncodedLayer, SharedKVPool
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Version of the record layout this module writes and reads. Bump it whenever the layout changes:
-older records are then refused with a message to rebuild the pool, never misread."""
+older records are then refused with a message to rebuild the pool, never misread.
+
+2: the model fingerprint no longer depends on the dtype (its weights hash is over a bf16-rounded
+sample, and the digest leaves the dtype out), so one pool serves fp32 and bf16 readers."""
 
 _KINDS = ("keys", "values")
 

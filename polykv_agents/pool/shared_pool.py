@@ -28,7 +28,8 @@ from polykv_agents.codecs import EncodedTensor, decode
 from polykv_agents.config import CompressionConfig, compression_config
 from polykv_agents.model.architecture import check_causal_lm
 from polykv_agents.model.compat import cache_from_key_values, layer_key_values
-from polykv_agents.model.fingerprint import ModelFingerprint, check_same_model, model_fingerprint
+from polykv_agents.model.compute_thread import run_on_compute_thread
+from polykv_agents.model.fingerprint import DTYPE_FREE_FIELDS, ModelFingerprint, check_same_model, model_fingerprint
 from polykv_agents.pool.documents import Document, tokenize_document
 from polykv_agents.pool.memory import MemoryReport
 from polykv_agents.pool.prefill import DEFAULT_CHUNK_SIZE, prefill_cache
@@ -53,11 +54,22 @@ def pool_digest(
     fingerprint: ModelFingerprint, config: CompressionConfig, token_ids: torch.Tensor, *, chat_prefix: bool
 ) -> str:
     """Content address of a pool: model fingerprint, config, prefix kind and token ids determine it,
-    so it can be computed before (and instead of) a prefill."""
-    header = {"fingerprint": fingerprint.model_dump(), "config": config.model_dump(), "chat_prefix": chat_prefix}
+    so it can be computed before (and instead of) a prefill. The model's dtype is left out: a pool holds
+    codes, which models of any dtype read (one pool, one digest, for fp32 and bf16 readers)."""
+    header = {
+        "fingerprint": fingerprint.model_dump(exclude=set(DTYPE_FREE_FIELDS)),
+        "config": config.model_dump(),
+        "chat_prefix": chat_prefix,
+    }
     h = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
     h.update(token_ids.detach().to("cpu", torch.int64).contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+def _encode_layer(keys: torch.Tensor, values: torch.Tensor, key_codec, value_codec) -> tuple[EncodedLayer, int]:
+    """One cache layer compressed, and the fp16 bytes it would take (measured on a real fp16 copy)."""
+    fp16_nbytes = keys.to(torch.float16).nbytes + values.to(torch.float16).nbytes
+    return EncodedLayer(keys=key_codec.encode(keys), values=value_codec.encode(values)), fp16_nbytes
 
 
 class SharedKVPool:
@@ -190,8 +202,10 @@ class SharedKVPool:
                     )
                     raise ValueError(msg)
                 model_dtype_nbytes += keys.nbytes + values.nbytes
-                fp16_nbytes += keys.to(torch.float16).nbytes + values.to(torch.float16).nbytes
-                layers.append(EncodedLayer(keys=key_codec.encode(keys), values=value_codec.encode(values)))
+                # One layer at a time on the compute thread: running agents' steps interleave with it.
+                layer, layer_fp16_nbytes = run_on_compute_thread(_encode_layer, keys, values, key_codec, value_codec)
+                fp16_nbytes += layer_fp16_nbytes
+                layers.append(layer)
         pool = cls(
             layers=layers,
             token_ids=token_ids,
@@ -268,7 +282,8 @@ class SharedKVPool:
     def to_cache(self, model: PreTrainedModel):
         """A fresh transformers ``DynamicCache`` holding the decoded pool, in the model's dtype and
         device. The cache is the caller's own: writing to it never touches the pool."""
-        return cache_from_key_values(
-            model,
-            [self.decompress_layer(i, dtype=model.dtype, device=model.device) for i in range(self.num_layers)],
-        )
+        layers = [
+            run_on_compute_thread(self.decompress_layer, i, dtype=model.dtype, device=model.device)
+            for i in range(self.num_layers)
+        ]
+        return cache_from_key_values(model, layers)

@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
 from polykv_agents.model.compat import forward_with_cache, new_dynamic_cache
+from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.runtime.request import DecodeRequest
 from polykv_agents.sampling.settings import choose_token, eos_token_ids, token_constraint
 
@@ -41,7 +42,8 @@ def private_tokens(request: DecodeRequest, budget: int) -> Iterator[int]:
     logits = _forward_last(model, request.prompt_ids, cache, request.start_position)
     position = request.start_position + request.prompt_ids.numel()
     for step in range(budget):
-        token, reason = choose_token(logits, settings, generator, constraint, eos_ids)
+        # Sampling is tensor work too (a softmax over the vocabulary): the compute thread's.
+        token, reason = run_on_compute_thread(choose_token, logits, settings, generator, constraint, eos_ids)
         if token is not None:
             yield token
         if reason is not None:

@@ -33,6 +33,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.model.compat import cache_keyword
+from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.runtime.cascade_attention import CascadeContext, enable_cascade_attention
 from polykv_agents.runtime.request import DecodeRequest
@@ -103,7 +104,7 @@ class BatchScheduler:
         enable_cascade_attention(model)
         self.idle_seconds = idle_seconds
         self.model = model
-        self.prefix = SharedPrefix(pool, model, residency)
+        self.prefix = run_on_compute_thread(SharedPrefix, pool, model, residency)
         self.max_batch_size = max_batch_size
         self._tokenizer = tokenizer
         self._eos_ids = eos_token_ids(model, tokenizer)
@@ -188,21 +189,27 @@ class BatchScheduler:
 
     def _run(self) -> None:
         while self._wait_for_work():
-            try:
-                self._admit()
-                self._drop_finished()
-                if self._rows:
-                    self._decode_step()
-                    self._drop_finished()
-            except Exception as e:  # a failed forward must not hang the callers
-                logger.exception("batched decode step failed")
-                for request in self._rows:
-                    request.out.put(e)
-                self._rows, self._cache = [], SuffixCache(self._num_layers, 0)
+            # The tensor work of a step runs on the process's one compute thread (see
+            # polykv_agents.model.compute_thread); this thread only waits for work and hands it over.
+            run_on_compute_thread(self._step)
         for request in self._rows:
             request.finish("stop")
         while not self._inbox.empty():
             self._inbox.get_nowait().finish("stop")
+
+    def _step(self) -> None:
+        """Admit waiting requests, then one decode step for every running row."""
+        try:
+            self._admit()
+            self._drop_finished()
+            if self._rows:
+                self._decode_step()
+                self._drop_finished()
+        except Exception as e:  # a failed forward must not hang the callers
+            logger.exception("batched decode step failed")
+            for request in self._rows:
+                request.out.put(e)
+            self._rows, self._cache = [], SuffixCache(self._num_layers, 0)
 
     def _emit(self, request: _Request, logits: torch.Tensor) -> None:
         """Sample one token for ``request`` and deliver it, or finish the request."""

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+
 import pytest
 import torch
 
@@ -66,6 +70,19 @@ def test_agents_answer_from_the_compressed_pool(smollm, compressed_pool):
     assert compressed_pool.tensor_checksum() == before
 
 
+def test_in_bf16_the_pool_is_the_same_and_the_agent_still_answers(smollm, chat_document, compressed_pool):
+    """What dtype="auto" gives on a CPU with native bf16. One digest for both dtypes; the bf16 model answers
+    from the pool it built itself (reading a pool built in another dtype works too, at a measured cost in
+    perplexity: docs/RESULTS.md)."""
+    model, tokenizer = load_model(dtype="bfloat16")
+    assert model.dtype is torch.bfloat16 and model is not smollm[0]
+    pool = SharedKVPool.prefill(model, tokenizer, chat_document)
+    assert pool.digest == compressed_pool.digest and pool.fingerprint.dtype == "bfloat16"
+    agent = PooledAgent(pool, model, tokenizer, system_prompt="You are the risk officer. Be brief and list items.")
+    answer = agent.generate(QUESTION, max_new_tokens=64).lower()
+    assert sum(word in answer for word in ("drought", "mains", "workforce")) >= 2, answer
+
+
 def test_pooled_agent_refuses_a_pool_from_another_model(compressed_pool, tiny_model, tiny_tok):
     with pytest.raises(ValueError, match="cannot be read with"):
         PooledAgent(compressed_pool, tiny_model, tiny_tok)
@@ -88,3 +105,38 @@ def test_ignore_eos_decodes_exactly_max_tokens_for_equal_work_benchmarks(compres
     structured = chat.model_copy(update={"ignore_eos": True}).with_structured_output(schema, include_raw=True)
     result = structured.invoke(question)
     assert isinstance(result["parsed"]["yes"], bool) and result["raw"].usage_metadata["output_tokens"] < 40
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts the process's threads in /proc")
+def test_a_caller_thread_starts_no_openmp_team_of_its_own(smollm, chat_document):
+    """Every tensor operation large enough to run in parallel runs on the compute thread (one OpenMP team,
+    docs/RUNTIME.md): a thread that builds a pool, decodes it and asks agents leaves the process's native
+    threads (OpenMP helpers among them) as they were while it is still alive."""
+    model, tokenizer = smollm
+
+    def native_threads() -> int:
+        return len(os.listdir("/proc/self/task")) - threading.active_count()
+
+    def work() -> None:
+        pool = SharedKVPool.prefill(model, tokenizer, chat_document)
+        pool.to_cache(model)
+        for runtime in ("decompressed", "private"):
+            agent = PooledAgent(pool, model, tokenizer, system_prompt="Be brief.", runtime=runtime)
+            agent.generate(QUESTION, max_new_tokens=4)
+
+    work()  # the compute thread's own team, the schedulers and the tokenizer's pools exist from here on
+    before = native_threads()
+    finished, release = threading.Event(), threading.Event()
+
+    def caller() -> None:
+        work()
+        finished.set()
+        release.wait()  # a thread's OpenMP team lives as long as the thread: count while it is alive
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    finished.wait()
+    during = native_threads()
+    release.set()
+    thread.join()
+    assert during == before

@@ -312,6 +312,7 @@ def test_the_registration_lists_every_codec_once() -> None:
 
 # Recorded before the per-codec classes replaced the flat CodecConfig (pool format 1). A pool's digest
 # hashes this dump: changing it orphans every stored pool, so it needs a FORMAT_VERSION bump instead.
+# The digests were re-pinned once, for format 2 (the digest leaves the model's dtype out); the dumps did not change.
 _FORMAT_1_DUMPS = {
     "default": '{"keys":{"method":"int","bits":8,"granularity":"channel","rotation":true,"random_signs":true},'
     '"values":{"method":"turboquant","bits":3,"granularity":"channel","rotation":true,"random_signs":true},"seed":0}',
@@ -322,11 +323,11 @@ _FORMAT_1_DUMPS = {
     "full": '{"keys":{"method":"none","bits":16,"granularity":"channel","rotation":true,"random_signs":true},'
     '"values":{"method":"none","bits":16,"granularity":"channel","rotation":true,"random_signs":true},"seed":0}',
 }
-_FORMAT_1_DIGESTS = {
-    "default": "462ac2b0e8635bd598ea91ada5ed692e8c3fa089135580741551a197bdd43333",
-    "paper": "31dccc3244b8b473a2846db550f22ca4bb9e09c20bd719357fd564c95d033ca3",
-    "max": "60dba2fb34640f8a86d5416f4259c35b0c2d220c3d12ec42fa14d492cfc61fde",
-    "full": "a81aeea46619068e495bec1ea8cbb1ae3965851731e95252307ef47c2153e0e9",
+_FORMAT_2_DIGESTS = {
+    "default": "8a8ee3bf6417a9948c7cef4f7a5712e9ad35034ffbd826524c59bc479f334640",
+    "paper": "c7cf478fa7e9451ea640bdf16c8b81fe1030cfefa7ad592453d132f6ac7f5994",
+    "max": "406d11cc696b8ce92a9babc7744612d7bd5618be16e34b05dc3c022a156170a9",
+    "full": "98032737b687ffbae43e0c03bbad227414af1f9af3c1384617ed7e0bc6a58796",
 }
 _FINGERPRINT = ModelFingerprint(
     name="m", architecture="A", num_layers=2, num_kv_heads=1, head_dim=8, dtype="float32", vocab_size=10,
@@ -336,10 +337,10 @@ _FINGERPRINT = ModelFingerprint(
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_dumps_and_digests_are_pinned(name: str) -> None:
-    """Each preset dumps exactly as before, so pools saved before keep their digests and file names."""
+    """Each preset dumps exactly as before, so pools saved in this format keep their digests and file names."""
     config = CompressionConfig.preset(name)
     assert config.model_dump_json() == _FORMAT_1_DUMPS[name]
-    assert pool_digest(_FINGERPRINT, config, torch.arange(5), chat_prefix=False) == _FORMAT_1_DIGESTS[name]
+    assert pool_digest(_FINGERPRINT, config, torch.arange(5), chat_prefix=False) == _FORMAT_2_DIGESTS[name]
 
 
 @pytest.mark.parametrize("name", PRESETS)

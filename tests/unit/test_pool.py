@@ -95,7 +95,8 @@ def test_digest_is_deterministic_and_depends_on_document_and_config(tiny_model, 
 
 
 def test_the_digest_of_fixed_inputs_never_changes():
-    """Saved pools and handles in checkpoints are found by digest: a change of this value must be deliberate."""
+    """Saved pools and handles in checkpoints are found by digest: a change of this value must be deliberate
+    (the last one: format 2, whose digest leaves the model's dtype out)."""
     fingerprint = ModelFingerprint(
         name="tiny",
         architecture="LlamaForCausalLM",
@@ -109,10 +110,14 @@ def test_the_digest_of_fixed_inputs_never_changes():
     )
     ids = torch.tensor([5, 6, 7], dtype=torch.int32)  # hashed as int64, whatever the caller's dtype
     assert pool_digest(fingerprint, CompressionConfig(), ids, chat_prefix=False) == (
-        "e704dde178e9763d8f76c9ed9e81a7e932149884f552abadaa4fafce627a3894"
+        "70dcad78cc8f5e30484fb8b2fde707a39337d33bcb101cb821c7cb64e846b490"
     )
     assert pool_digest(fingerprint, CompressionConfig(), ids, chat_prefix=True) == (
-        "555279f5e1f097bf7532538b433e440362b468ad4d5dba1d25d23cd35fef7cd1"
+        "7cae45ee6bc0f0c18afc3db884929c3512c7b261ab8830dbd36bc57a31aa8b39"
+    )
+    in_bf16 = fingerprint.model_copy(update={"dtype": "bfloat16"})
+    assert pool_digest(in_bf16, CompressionConfig(), ids, chat_prefix=False) == (
+        "70dcad78cc8f5e30484fb8b2fde707a39337d33bcb101cb821c7cb64e846b490"
     )
 
 

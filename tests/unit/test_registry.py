@@ -127,14 +127,19 @@ def test_a_model_that_changes_during_the_build_is_logged(tiny_model, tiny_tok, m
     assert [record.getMessage() for record in caplog.records] == [expected]
 
 
-def test_a_dtype_change_gives_another_pool(tiny_tok):
-    """Fingerprints are memoised (tests/unit/test_fingerprint.py); the memo must follow a re-cast model."""
+def test_a_bf16_copy_reads_the_pool_its_fp32_model_built_and_fp16_does_not(tiny_tok):
+    """A pool holds codes, so a re-cast to bf16 finds the same pool (no second prefill). Fingerprints are
+    memoised (tests/unit/test_fingerprint.py), and the memo must still follow the cast: fp16 rounds the
+    weights differently, which is another pool."""
     model, registry = tiny_llama(), PoolRegistry()
     first = registry.get_or_build(model, tiny_tok, DOC)
     model.to(torch.bfloat16)
-    second = registry.get_or_build(model, tiny_tok, DOC)
-    assert second.fingerprint.dtype == "bfloat16"
-    assert second.digest != first.digest
+    assert registry.get_or_build(model, tiny_tok, DOC) is first
+    assert registry.build_count == 1
+    model.to(torch.float16)
+    third = registry.get_or_build(model, tiny_tok, DOC)
+    assert third.fingerprint.dtype == "float16"
+    assert third.digest != first.digest
     assert registry.build_count == 2
 
 

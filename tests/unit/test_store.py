@@ -144,12 +144,12 @@ def test_the_file_is_plain_safetensors_without_pickle(saved, pool):
 
 def test_the_header_keeps_the_format_1_config_layout(saved):
     """Files store the config as format 1 always did: every codec record lists every codec's fields
-    (the inert ones at their defaults). Files written before the per-codec config classes therefore
-    still load, under the same digest; a layout change would need a FORMAT_VERSION bump."""
+    (the inert ones at their defaults); a layout change would need a FORMAT_VERSION bump. Format 2
+    changed only the fingerprint's weights hash and the digest (both free of the dtype)."""
     _, path = saved
     with safe_open(str(path), framework="pt") as f:
         header = json.loads(f.metadata()["polykv"])
-    assert FORMAT_VERSION == 1
+    assert FORMAT_VERSION == 2
     assert header["config"] == {
         "keys": {"method": "int", "bits": 8, "granularity": "channel", "rotation": True, "random_signs": True},
         "values": {"method": "turboquant", "bits": 3, "granularity": "channel", "rotation": True, "random_signs": True},

@@ -44,15 +44,15 @@ def test_speed_suite_reports_build_ttft_and_throughput(tiny_model, tiny_tok, tex
         tiny_model, tiny_tok, texts[0], contexts=(64,), agent_counts=(1, 3), new_tokens=3, repetitions=1
     )
     kinds = [r["kind"] for r in result.rows]
-    assert kinds == ["thread", "thread", "kernel", "kernel", "build", "ttft", "throughput", "throughput"]
-    build, ttft = result.rows[4], result.rows[5]
+    assert kinds == ["kernel", "kernel", "build", "ttft", "throughput", "throughput"]
+    build, ttft = result.rows[2], result.rows[3]
     kernel = {r["shape"]: r for r in result.rows if r["kind"] == "kernel"}
     assert kernel["admission prefill"]["query_tokens_per_agent"] == 40 and kernel["decode step"]["agents"] == 3
     assert all(r["ms_per_layer_fused"] > 0 and r["ms_per_layer_unfused"] > 0 for r in kernel.values())
     assert all(r["ms_per_step"] > 0 for r in result.rows if r["kind"] == "throughput")
     assert build["prefill_s"] > 0 and build["compress_pct_of_prefill"] > 0
     assert ttft["ttft_s_pool_cold"] > 0 and ttft["ttft_s_pool_warm"] > 0 and ttft["ttft_s_reprefill"] > 0
-    assert result.rows[6]["speedup_vs_one_agent"] == 1.0
+    assert result.rows[4]["speedup_vs_one_agent"] == 1.0
     assert {"compress_within_target", "decompress_within_target"} <= set(result.summary)
     written = write_speed(result, tmp_path)
     assert "TTFT pool, cold s" in written[1].read_text() and written[2].name == "speed_throughput.png"
@@ -101,3 +101,31 @@ def test_ablation_runs_every_seed_of_seeded_configs_only(tiny_model, tiny_tok, t
     assert not seed_dependent(factors["full"][1]) and seed_dependent(CompressionConfig())
     assert result.summary["max_preset"] is not None  # full precision is always within budget
     assert [p.name for p in write_ablation(result, tmp_path)] == ["ablation.json", "ablation.md", "ablation_64.png"]
+
+
+def test_dtype_suite_compares_both_dtypes_with_one_pool_digest(tiny_model_dir, tmp_path):
+    """Both dtypes measured in one run; the pools of both dtypes share one digest (asserted inside), every
+    perplexity is finite, and the OpenMP team rows come from fresh processes."""
+    from polykv_agents.bench.dtypes import SUITE, DtypeOptions, doc_blocks
+    from polykv_agents.bench.writers import write_dtype
+
+    options = DtypeOptions(
+        model=tiny_model_dir, context=64, agents=3, new_tokens=4, documents=2, continuation_tokens=16, repetitions=1
+    )
+    steps = []
+    result = SUITE.measure(options, steps.append)
+    speed = {r["dtype"]: r for r in result.rows if r["kind"] == "speed"}
+    assert set(speed) == {"float32", "bfloat16"} and all(r["ms_per_step_n"] > 0 for r in speed.values())
+    ppl = [r for r in result.rows if r["kind"] == "ppl"]
+    assert len(ppl) == 2 * 2 and all(r["ppl_pool_other_dtype"] > 0 for r in ppl)
+    fp32 = [r for r in ppl if r["reader"] == "float32"]
+    assert all(r["ppl_full"] == r["ppl_fp32_full"] for r in fp32)  # fp32 is its own reference
+    teams = [r for r in result.rows if r["kind"] == "teams"]
+    assert [(r["dtype"], r["batch_size"]) for r in teams] == [
+        ("float32", 1), ("float32", 3), ("bfloat16", 1), ("bfloat16", 3)
+    ]  # fmt: skip
+    assert all(r["ms_one_team"] > 0 and r["ms_after_second_team"] > 0 for r in teams)
+    assert len(result.summary["ppl"]) == 2 * 3
+    assert "after a second thread's tensor work ms" in write_dtype(result, tmp_path)[1].read_text()
+    blocks = doc_blocks(result)
+    assert "in bf16 from a pool built in fp32" in blocks["dtype"] and "bfloat16, 3 rows" in blocks["compute_thread"]

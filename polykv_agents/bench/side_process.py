@@ -1,0 +1,47 @@
+"""A benchmark's other half, run in a fresh process: a request JSON file in, a result JSON file out.
+
+    python SCRIPT REQUEST.json RESULT.json
+
+Used where a measurement must not share the benchmark's process: llama.cpp (its peak RSS is its own),
+the reference code's environment, and the OpenMP team measurement (the slow-down it shows lasts for the
+life of a process).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+class SideProcessError(RuntimeError):
+    """The side process exited with an error; ``stderr`` holds what it printed."""
+
+    def __init__(self, what: str, returncode: int, stderr: str) -> None:
+        super().__init__(f"{what} failed (exit {returncode}): {stderr[-2000:]}")
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+def run_side(
+    script: Path, request: dict[str, Any], *, what: str, timeout_s: float, python: str = sys.executable
+) -> dict[str, Any]:
+    """Run ``python script REQUEST.json RESULT.json`` on ``request``; the result it wrote.
+
+    Raises:
+        SideProcessError: The process exited with an error (``what`` names it in the message).
+        subprocess.TimeoutExpired: It ran past ``timeout_s``.
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        request_path, result_path = Path(folder, "request.json"), Path(folder, "result.json")
+        request_path.write_text(json.dumps(request))
+        done = subprocess.run(
+            [python, str(script), str(request_path), str(result_path)],
+            capture_output=True, text=True, timeout=timeout_s, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise SideProcessError(what, done.returncode, done.stderr)
+        return json.loads(result_path.read_text())
