@@ -21,6 +21,7 @@ behind it for ever.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -39,6 +40,11 @@ class ComputeThread:
     """A daemon thread that runs submitted calls one at a time, in submission order."""
 
     def __init__(self) -> None:
+        self._reset()
+        if hasattr(os, "register_at_fork"):  # a forked child has no compute thread: it starts its own
+            os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
         self._jobs: queue.SimpleQueue[tuple[Future, Callable[[], object]]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None

@@ -3,6 +3,8 @@ caller gets the result, the exception and the autograd mode it would have had ru
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -86,3 +88,34 @@ def test_every_forward_and_sampling_of_prefill_batched_and_private_decoding_runs
             list(callers.map(lambda q, agent=agent: list(agent.generate_ids(q, settings)), ["a", "b", "c"]))
     engine.close()
     assert threads == {compute_thread().name}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "darwin", reason="needs os.fork")
+def test_a_forked_child_starts_afresh_without_the_parent_s_queued_work(tmp_path):
+    """A child forked while the parent's compute thread is busy must not run the parent's queued work (a
+    forward of the parent's, twice) before its own: it gets a new, empty queue and a thread of its own."""
+    busy, release = threading.Event(), threading.Event()
+    marker = tmp_path / "stale-job-ran"
+
+    def blocking() -> None:
+        busy.set()
+        release.wait()
+
+    with ThreadPoolExecutor(2) as callers:
+        running = callers.submit(run_on_compute_thread, blocking)
+        busy.wait()
+        queued = callers.submit(run_on_compute_thread, marker.touch)  # waits behind the blocking job
+        threading.Event().wait(0.05)  # let it reach the queue
+        pid = os.fork()
+        if pid == 0:  # the child: exit 0 only if its own work ran, on its own thread, and nothing else did
+            try:
+                ok = run_on_compute_thread(lambda: threading.current_thread().name) == "polykv-compute"
+                ok = ok and not marker.exists()
+            finally:
+                os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        release.set()
+        running.result()
+        queued.result()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert marker.exists()  # the parent's own queued work still ran, in the parent
