@@ -28,6 +28,7 @@ from polykv_agents.bench.output import Progress, SuiteResult
 from polykv_agents.bench.stats import mean_interval, median_after_warmup
 from polykv_agents.bench.step_costs import step_intervals_ms
 from polykv_agents.bench.suite import SuiteOptions, TableSuite
+from polykv_agents.codecs.encoded import dtype_name
 from polykv_agents.engine import Engine
 from polykv_agents.eval.corpus import pydoc_documents
 from polykv_agents.eval.perplexity import continuation_nll, prefix_and_continuation
@@ -59,7 +60,7 @@ def _speed_row(model, tokenizer, ids: torch.Tensor, agents: int, new_tokens: int
     engine.close()
     return {
         "kind": "speed",
-        "dtype": str(model.dtype).removeprefix("torch."),
+        "dtype": dtype_name(model.dtype),
         "context_tokens": ids.numel(),
         "prefill_s": prefill,
         "ms_per_step_1": step_ms[1],
@@ -154,8 +155,8 @@ class DtypeOptions(SuiteOptions):
 def _measure(options: DtypeOptions, progress: Progress) -> SuiteResult:
     from polykv_agents.engine import load_model
 
-    models = {name: load_model(options.model, dtype=name)[0] for name in DTYPES}
-    _, tokenizer = load_model(options.model, dtype="float32")
+    loaded = {name: load_model(options.model, dtype=name) for name in DTYPES}
+    models, tokenizer = {name: model for name, (model, _) in loaded.items()}, loaded["float32"][1]
     texts = pydoc_documents(options.documents, chars_per_document=8 * (options.context + options.continuation_tokens))
     ids = tokenizer(texts[0], return_tensors="pt").input_ids[0][: options.context]
     rows = []

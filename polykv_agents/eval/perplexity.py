@@ -50,13 +50,15 @@ class PerplexityResult(BaseModel):
 
 @torch.inference_mode()
 def continuation_nll(model: PreTrainedModel, cache, continuation: torch.Tensor, start: int) -> float:
-    """Mean negative log-likelihood of ``continuation[1:]`` given ``cache`` (consumed)."""
+    """Mean negative log-likelihood of ``continuation[1:]`` given ``cache`` (consumed), on the compute thread
+    (the loss over ``[M, vocab]`` logits is as much tensor work as the forward)."""
+    return run_on_compute_thread(_continuation_nll, model, cache, continuation, start)
+
+
+def _continuation_nll(model: PreTrainedModel, cache, continuation: torch.Tensor, start: int) -> float:
     logits = forward_with_cache(model, continuation.unsqueeze(0).to(model.device), cache, start_position=start)
-    # logits[0, i] predicts continuation[i + 1]: [M - 1, vocab] against [M - 1]; on the compute thread, as
-    # every other tensor operation this large
-    return run_on_compute_thread(
-        lambda: F.cross_entropy(logits[0, :-1].float(), continuation[1:].to(logits.device)).item()
-    )
+    # logits[0, i] predicts continuation[i + 1]: [M - 1, vocab] against [M - 1]
+    return F.cross_entropy(logits[0, :-1].float(), continuation[1:].to(logits.device)).item()
 
 
 def prefix_and_continuation(

@@ -1,13 +1,13 @@
 """The dtype a model computes in. ``dtype="auto"`` (the default) picks bf16 where the hardware has it natively.
 
 On a CPU with AVX-512 bf16 or AMX, bf16 weights halve the bytes every step reads and run the matrix
-products in native instructions: on this project's 2-core machine a 2,048-token prefill of SmolLM2-135M
-took 2.2 s against 3.9 s in fp32, and a 15-agent decode step 55 against 112 ms (``polykv-agents bench
-speed`` reports the committed figures). A CPU without them would emulate bf16, slower than fp32, so
-``auto`` keeps fp32 there. On CUDA, ``auto`` is bf16 where the GPU supports it, else fp16.
+products in native instructions (``polykv-agents bench dtype`` measures prefill, decode steps and
+perplexity in both dtypes side by side; docs/RESULTS.md). A CPU without them would emulate bf16, slower
+than fp32, so ``auto`` keeps fp32 there. On CUDA, ``auto`` is bf16 where the GPU supports it, else fp16.
 
 A pool does not depend on the dtype: it holds codes, and the model's fingerprint leaves the dtype out,
-so a pool built by an fp32 model serves a bf16 one and the other way round.
+so a pool built by an fp32 model serves a bf16 one and the other way round. Reading a pool in the dtype
+that built it is best (the same suite measures the perplexity cost of crossing).
 
 ``POLYKV_DTYPE`` (``float32``, ``bfloat16``, ``float16`` or ``auto``) says what ``auto`` means in this
 process, for example to pin a test run or a benchmark to fp32; an explicit dtype always wins.

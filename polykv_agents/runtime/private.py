@@ -39,17 +39,20 @@ def private_tokens(request: DecodeRequest, budget: int) -> Iterator[int]:
     eos_ids = eos_token_ids(model, tokenizer)
     generator = settings.make_generator()
     constraint = token_constraint(model, tokenizer, settings)
-    logits = _forward_last(model, request.prompt_ids, cache, request.start_position)
-    position = request.start_position + request.prompt_ids.numel()
-    for step in range(budget):
-        # Sampling is tensor work too (a softmax over the vocabulary): the compute thread's.
-        token, reason = run_on_compute_thread(choose_token, logits, settings, generator, constraint, eos_ids)
+
+    def next_token(ids: torch.Tensor, position: int) -> tuple[int | None, str | None]:
+        # Forward and sampling (a softmax over the vocabulary) together: one job on the compute thread per token.
+        logits = _forward_last(model, ids, cache, position)
+        return choose_token(logits, settings, generator, constraint, eos_ids)
+
+    ids, position = request.prompt_ids, request.start_position  # [n] at positions T .. T+n-1
+    for _ in range(budget):
+        token, reason = run_on_compute_thread(next_token, ids, position)
         if token is not None:
             yield token
         if reason is not None:
             stats.finish_reason = reason
             return
-        if step + 1 < budget:
-            logits = _forward_last(model, torch.tensor([token]), cache, position)
-            position += 1
+        position += ids.numel()
+        ids = torch.tensor([token])
     stats.finish_reason = "length"

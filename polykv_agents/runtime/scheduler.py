@@ -1,7 +1,8 @@
 """Batched decoding of concurrent agents over one shared prefix.
 
 Requests arrive from any thread (LangGraph ``Send`` branches, ``batch``/``abatch``, plain
-threads). One worker thread per (model, pool, residency) owns the model's forward passes and runs:
+threads). One worker thread per (model, pool, residency) waits for them and hands each step to the
+process's compute thread (:mod:`polykv_agents.model.compute_thread`), which runs the forward passes:
 
   loop:
     admit new requests: prefill their prompts together on top of the shared prefix (left-padded

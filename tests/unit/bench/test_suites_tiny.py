@@ -120,6 +120,7 @@ def test_dtype_suite_compares_both_dtypes_with_one_pool_digest(tiny_model_dir, t
     assert len(ppl) == 2 * 2 and all(r["ppl_pool_other_dtype"] > 0 for r in ppl)
     fp32 = [r for r in ppl if r["reader"] == "float32"]
     assert all(r["ppl_full"] == r["ppl_fp32_full"] for r in fp32)  # fp32 is its own reference
+    assert all(r["ppl_pool_same_dtype"] != r["ppl_pool_other_dtype"] for r in ppl)  # two pools, two readings
     teams = [r for r in result.rows if r["kind"] == "teams"]
     assert [(r["dtype"], r["batch_size"]) for r in teams] == [
         ("float32", 1), ("float32", 3), ("bfloat16", 1), ("bfloat16", 3)
