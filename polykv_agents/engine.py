@@ -1,7 +1,7 @@
 """The :class:`Engine`: everything a process keeps between calls, in one object that can be passed around.
 
 An engine holds
-- ``models``: loaded models and tokenizers, one copy per (name, dtype, device);
+- ``models``: loaded models and tokenizers, one copy per (name, dtype, device, weights);
 - ``pools``: the pools by digest, under a byte budget (:class:`~polykv_agents.pool.registry.PoolRegistry`);
 - ``schedulers``: the live batch schedulers, one per (model, pool, residency)
   (:class:`~polykv_agents.runtime.scheduler_table.SchedulerTable`),
@@ -27,6 +27,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.model.dtype import DtypeName
 from polykv_agents.model.loading import ModelCache
+from polykv_agents.model.weights import Weights
 from polykv_agents.pool.registry import DEFAULT_MAX_BYTES, PoolRegistry
 from polykv_agents.runtime.backend import Backend, BatchedBackend, PrivateBackend, Runtime, check_runtime
 from polykv_agents.runtime.scheduler import SCHEDULER_IDLE_SECONDS
@@ -65,10 +66,15 @@ class Engine:
         return f"Engine(models={len(self.models)}, pools={self.pools!r}, schedulers={len(self.schedulers)})"
 
     def load_model(
-        self, name_or_path: str | None = None, *, dtype: torch.dtype | DtypeName | None = "auto", device: str = "cpu"
+        self,
+        name_or_path: str | None = None,
+        *,
+        dtype: torch.dtype | DtypeName | None = "auto",
+        device: str = "cpu",
+        weights: Weights = "native",
     ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         """``(model, tokenizer)``, loaded once per engine; see :meth:`ModelCache.load`."""
-        return self.models.load(name_or_path, dtype=dtype, device=device)
+        return self.models.load(name_or_path, dtype=dtype, device=device, weights=weights)
 
     def backend(self, runtime: Runtime) -> Backend:
         """The backend named ``runtime`` (``decompressed``, ``compressed`` or ``private``)."""
@@ -95,7 +101,11 @@ def default_engine() -> Engine:
 
 
 def load_model(
-    name_or_path: str | None = None, *, dtype: torch.dtype | DtypeName | None = "auto", device: str = "cpu"
+    name_or_path: str | None = None,
+    *,
+    dtype: torch.dtype | DtypeName | None = "auto",
+    device: str = "cpu",
+    weights: Weights = "native",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer through the default engine, once per process.
 
@@ -107,12 +117,16 @@ def load_model(
             ``auto`` means. ``None`` keeps the checkpoint's (fp32 for the embedded GGUF). See
             :mod:`polykv_agents.model.dtype`.
         device: ``"cpu"``, ``"cuda"``, ...
+        weights: ``"native"`` (default), or weight-only ``"int8"`` / ``"int4"`` on the CPU: faster decode
+            steps, the same pools (see :mod:`polykv_agents.model.weights`; ``polykv-agents bench weights``
+            measures speed and perplexity).
 
     Raises:
         ModelNotFoundError: The model is not on this machine; the message names the fix.
         TypeError: The checkpoint is not a causal LM.
+        ValueError: An unknown dtype or weights, or quantized weights off the CPU.
     """
-    return default_engine().load_model(name_or_path, dtype=dtype, device=device)
+    return default_engine().load_model(name_or_path, dtype=dtype, device=device, weights=weights)
 
 
 def _budget_from_environment() -> int:

@@ -39,7 +39,10 @@ from polykv_agents.sampling.settings import GenerationSettings
 DTYPES = ("float32", "bfloat16")
 
 
-def _speed_row(model, tokenizer, ids: torch.Tensor, agents: int, new_tokens: int, repetitions: int) -> dict:
+def speed_row(model, tokenizer, ids: torch.Tensor, agents: int, new_tokens: int, repetitions: int) -> dict:
+    """Prefill of ``ids`` and ms per decode step with 1 and ``agents`` agents over a pool of ``ids`` built by
+    ``model``, through the runtime; medians after a warm-up."""
+
     def prefill_s() -> float:
         started = time.perf_counter()
         prefill_cache(model, ids)
@@ -162,7 +165,7 @@ def _measure(options: DtypeOptions, progress: Progress) -> SuiteResult:
     rows = []
     for name, model in models.items():
         progress(f"{name}: prefill and decode steps")
-        rows.append(_speed_row(model, tokenizer, ids, options.agents, options.new_tokens, options.repetitions))
+        rows.append(speed_row(model, tokenizer, ids, options.agents, options.new_tokens, options.repetitions))
     progress(f"perplexity over {options.documents} documents, both dtypes")
     rows += _ppl_rows(models, tokenizer, texts, options.context, options.continuation_tokens)
     progress("OpenMP teams, each in a fresh process")

@@ -36,6 +36,7 @@ from polykv_agents.bench.output import Progress
 from polykv_agents.bench.recording import RecordedCall, RecordingEngine
 from polykv_agents.bench.suite import JsonSuite, Rendered, SuiteOptions, load_model_for
 from polykv_agents.bench.workflows import LANGGRAPH_JSON, load_workflow
+from polykv_agents.model.weights import Weights
 
 logger = logging.getLogger(__name__)
 
@@ -147,14 +148,16 @@ def run_graph(graph, engine: RecordingEngine, document: str, roles: list[str]) -
     return run, calls
 
 
-def graphs_under_test(workflow: ModuleType, max_tokens: int) -> dict[str, tuple[Any, RecordingEngine]]:
-    """Method -> (compiled graph, its recording engine): the same chat settings for both."""
+def graphs_under_test(
+    workflow: ModuleType, max_tokens: int, weights: Weights = "native"
+) -> dict[str, tuple[Any, RecordingEngine]]:
+    """Method -> (compiled graph, its recording engine): the same chat settings (``weights`` among them) for both."""
     from polykv_agents.chat.chat_model import ChatPolyKV
 
     built = {}
     for method, prefetch in (("pooled", PinnedPlanPrefetch), ("reprefill", PinnedPlanReprefill)):
         engine = RecordingEngine()
-        chat = ChatPolyKV(max_tokens=max_tokens, ignore_eos=True, engine=engine)
+        chat = ChatPolyKV(max_tokens=max_tokens, ignore_eos=True, engine=engine, weights=weights)
         built[method] = (workflow.build_graph(prefetch=prefetch(chat, engine=engine, plan=equal_plan)), engine)
     return built
 

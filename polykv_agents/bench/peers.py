@@ -29,13 +29,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, FilePath
+from pydantic import Field, FilePath, field_validator
 
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress, SuiteResult
 from polykv_agents.bench.side_process import run_side
 from polykv_agents.bench.suite import SuiteOptions, TableSuite
 from polykv_agents.bench.workflows import LANGGRAPH_JSON
+from polykv_agents.model.weights import check_weights
 
 LLAMACPP_SIDE = Path(__file__).with_name("llamacpp_side.py")
 AGENTS = 15
@@ -57,6 +58,14 @@ class PeersOptions(SuiteOptions):
     """Texts for the compression peer (bytes and PPL of transformers' QuantizedCache vs the presets); 0: skip."""
     graphs: Path = LANGGRAPH_JSON
     """The langgraph.json that lists graphs/document_review.py."""
+    weights: list[str] = Field(default=["native"], min_length=1)
+    """How our model stores its weights (native, int8, int4), one set of our rows each (repeatable); llama.cpp
+    replays the calls of the first."""
+
+    @field_validator("weights")
+    @classmethod
+    def _known_weights(cls, value: list[str]) -> list[str]:
+        return [check_weights(weights) for weights in value]
 
 
 def _llamacpp(request: dict[str, Any], timeout_s: float = 3600) -> dict[str, Any]:
@@ -78,6 +87,11 @@ def _single_stream(agent, question: str, tokens: int) -> float:
 
 def _tokens_per_s(tokens: int, seconds: float) -> float:
     return tokens / seconds
+
+
+def our_method(weights: str) -> str:
+    """The method name of our rows with ``weights``."""
+    return "polykv_agents (one pool)" + ("" if weights == "native" else f", {weights} weights")
 
 
 def _ours_probe(model, tokenizer, document: str, context: int, decode_tokens: int) -> tuple[dict, dict]:
@@ -171,6 +185,7 @@ def run_peers(options: PeersOptions, progress: Progress = lambda _: None) -> Sui
     from polykv_agents.bench.rss import PeakRss
     from polykv_agents.bench.suite import load_model_for
     from polykv_agents.bench.workflows import load_workflow
+    from polykv_agents.engine import load_model
     from polykv_agents.eval.corpus import pydoc_documents
     from polykv_agents.model.loading import embedded_model_file
 
@@ -180,35 +195,44 @@ def run_peers(options: PeersOptions, progress: Progress = lambda _: None) -> Sui
     threads = torch.get_num_threads()
     roles = [*workflow.ROLE_PROMPTS, "procurement", "quality", "audit", "strategy", "data"][:AGENTS]
     text = pydoc_documents(1, chars_per_document=60_000)[0]
-    graph, engine = graphs_under_test(workflow, options.max_tokens)["pooled"]
+    graphs = {
+        weights: graphs_under_test(workflow, options.max_tokens, weights)["pooled"] for weights in options.weights
+    }
     progress("warm-up")
-    run_graph(graph, engine, _document(tokenizer, text, 256, run=-1), roles[:3])
+    for graph, engine in graphs.values():
+        run_graph(graph, engine, _document(tokenizer, text, 256, run=-1), roles[:3])
     rows: list[dict[str, Any]] = []
     run_index = 0
     for context in options.contexts:
-        runs, calls = [], []
-        for _ in range(options.repetitions):
-            run_index += 1
-            progress(f"context {context}: polykv_agents review, run {run_index}")
+        recorded = {}
+        for weights, (graph, engine) in graphs.items():
+            runs = []
+            for _ in range(options.repetitions):
+                run_index += 1
+                progress(f"context {context}: polykv_agents review ({weights} weights), run {run_index}")
+                with PeakRss() as rss:
+                    document = _document(tokenizer, text, context, 1000 + run_index)
+                    run, recorded[weights] = run_graph(graph, engine, document, roles)
+                runs.append((run, rss.peak_bytes))
+            progress(f"context {context}: polykv_agents probe ({weights} weights)")
             with PeakRss() as rss:
-                run, calls = run_graph(graph, engine, _document(tokenizer, text, context, 1000 + run_index), roles)
-            runs.append((run, rss.peak_bytes))
-        progress(f"context {context}: polykv_agents probe")
-        with PeakRss() as rss:
-            ours, probe = _ours_probe(
-                model, tokenizer, _document(tokenizer, text, context, 0), context, options.max_tokens
-            )
-        median_run = sorted(runs, key=lambda r: r[0].wall_s)[len(runs) // 2]
-        review = {
-            "wall_s": statistics.median(r.wall_s for r, _ in runs),
-            "stage_s": {s: statistics.median(r.stage_s[s] for r, _ in runs) for s in median_run[0].stage_s},
-            "calls": median_run[0].calls,
-            "output_tokens": median_run[0].output_tokens,
-        }
-        rows.append(
-            _row(context, "polykv_agents (one pool)", review, ours, rss_peak_bytes=max(max(p for _, p in runs),
-                 rss.peak_bytes), kv_bytes=ours["kv_bytes"], kv_bytes_resident=ours["kv_bytes_resident"])
-        )  # fmt: skip
+                ours, probe = _ours_probe(
+                    load_model(None, weights=weights)[0], tokenizer, _document(tokenizer, text, context, 0), context,
+                    options.max_tokens,
+                )  # fmt: skip
+            median_run = sorted(runs, key=lambda r: r[0].wall_s)[len(runs) // 2]
+            review = {
+                "wall_s": statistics.median(r.wall_s for r, _ in runs),
+                "stage_s": {s: statistics.median(r.stage_s[s] for r, _ in runs) for s in median_run[0].stage_s},
+                "calls": median_run[0].calls,
+                "output_tokens": median_run[0].output_tokens,
+            }
+            rows.append(
+                _row(context, our_method(weights), review, ours, rss_peak_bytes=max(max(p for _, p in runs),
+                     rss.peak_bytes), kv_bytes=ours["kv_bytes"], kv_bytes_resident=ours["kv_bytes_resident"],
+                     weights=weights)
+            )  # fmt: skip
+        calls = recorded[options.weights[0]]
         replay = [{"node": c.node, "input_ids": c.input_ids, "output_tokens": c.output_tokens} for c in calls]
         n_ctx = max(len(c["input_ids"]) for c in replay) + options.max_tokens + 64
         llama_probe = {k: probe[k] for k in ("document_ids", "prompt_ids", "other_prompt_ids", "decode_tokens")}
@@ -258,6 +282,7 @@ def run_peers(options: PeersOptions, progress: Progress = lambda _: None) -> Sui
             "llama_cpp_python": _version("llama-cpp-python"),
             "llama_server": options.llama_server is not None,
             "compression_documents": options.compression_documents,
+            "weights": list(options.weights),
             "continuation_tokens": CONTINUATION_TOKENS,
         },
         rows=rows,

@@ -22,11 +22,12 @@ from polykv_agents.bench import (
     quality,
     ray_scale_out,
     speed,
+    weights,
 )
 from polykv_agents.bench.suite import Suite
 
 _MODULES = (
-    memory, quality, speed, dtypes, ablation, peer, agents, graph_e2e, peers, load_soak, grammar_overhead,
+    memory, quality, speed, dtypes, weights, ablation, peer, agents, graph_e2e, peers, load_soak, grammar_overhead,
     ray_scale_out,
 )  # fmt: skip
 SUITES: dict[str, Suite] = {module.SUITE.name: module.SUITE for module in _MODULES}

@@ -28,7 +28,7 @@ from polykv_agents.runtime.cascade_attention import _attend, _attend_unfused
 from polykv_agents.sampling.settings import GenerationSettings
 
 
-def _median_ms(repetitions: int, work: Callable[[], object]) -> float:
+def median_ms_on_compute_thread(repetitions: int, work: Callable[[], object]) -> float:
     """Median milliseconds of ``work`` after a warm-up, on the compute thread (timed there: the hand-over
     is not the work's cost), where the runtime runs it; on any other thread it would start a second
     OpenMP team and slow down everything measured after it."""
@@ -71,8 +71,8 @@ def _attention_kernel_rows(
     rows = []
     for shape, q_len in (("decode step", 1), ("admission prefill", prompt_tokens)):
         query = torch.randn(1, kv_heads, agents * groups * q_len, head_dim, dtype=model.dtype)
-        fused = _median_ms(repetitions, lambda q=query: _attend(q, keys, values, scaling))
-        unfused = _median_ms(repetitions, lambda q=query: _attend_unfused(q, keys, values, scaling))
+        fused = median_ms_on_compute_thread(repetitions, lambda q=query: _attend(q, keys, values, scaling))
+        unfused = median_ms_on_compute_thread(repetitions, lambda q=query: _attend_unfused(q, keys, values, scaling))
         rows.append(
             {
                 "kind": "kernel",

@@ -35,6 +35,7 @@ from polykv_agents.chat.structured_output import response_format_grammar, struct
 from polykv_agents.engine import Engine, default_engine
 from polykv_agents.model.dtype import DtypeName
 from polykv_agents.model.loading import DEFAULT_MODEL
+from polykv_agents.model.weights import Weights
 from polykv_agents.pool.documents import Document
 from polykv_agents.pool.handle import PoolHandle
 from polykv_agents.pool.shared_pool import SharedKVPool
@@ -149,6 +150,10 @@ class ChatPolyKV(BaseChatModel):
     dtype: DtypeName = "auto"
     """What the model computes in: ``auto`` is bf16 where the device has it natively (AVX-512 bf16 or AMX
     CPUs, CUDA), else fp32. A pool serves every dtype: it holds codes, not tensors of one dtype."""
+
+    weights: Weights = "native"
+    """How the model stores its weights: ``native`` (its dtype), or weight-only ``int8`` / ``int4`` on the CPU,
+    which make decode steps faster (``polykv-agents bench weights``). The same pools serve every setting."""
 
     parallel_tool_calls: bool = False
     """Whether one answer may hold several tool calls; ``bind_tools(parallel_tool_calls=...)`` overrides it.
@@ -300,7 +305,7 @@ class ChatPolyKV(BaseChatModel):
         settings = self._settings(stop, kwargs, tools)
         model_name = kwargs.get("model", self.model)
         engine = self.resolved_engine
-        model, tokenizer = engine.load_model(model_name, dtype=self.dtype, device=self.device)
+        model, tokenizer = engine.load_model(model_name, dtype=self.dtype, device=self.device, weights=self.weights)
         turns = to_chat_messages(messages)
         with contextlib.ExitStack() as lease:
             pool = None

@@ -106,7 +106,9 @@ class PrefetchDocument:
             store = None if store_dir is None else str(store_dir.absolute())
             handle = self.cluster.prefetch(self.document_messages(state), config=self.config, store_dir=store)
             return {self.pool_key: handle}
-        model, tokenizer = self.engine.load_model(self.chat.model, dtype=self.chat.dtype, device=self.chat.device)
+        model, tokenizer = self.engine.load_model(
+            self.chat.model, dtype=self.chat.dtype, device=self.chat.device, weights=self.chat.weights
+        )
         pool = self.engine.pools.get_or_build(
             model, tokenizer, self.document_messages(state), config=self.config, store=self.store
         )

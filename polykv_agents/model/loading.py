@@ -2,7 +2,7 @@
 
 :func:`load_model_uncached` returns ``(model, tokenizer)`` in eval mode. Nothing is ever downloaded:
 hub ids resolve only from the local cache (``local_files_only=True``). A :class:`ModelCache` (an
-engine's) keeps loaded models keyed by (name, dtype, device), so every pool, agent and chat model of
+engine's) keeps loaded models keyed by (name, dtype, device, weights), so every pool, agent and chat model of
 an engine shares one copy of the weights; ``polykv_agents.load_model`` loads through the default engine.
 """
 
@@ -22,6 +22,7 @@ from transformers.utils import logging as hf_logging
 
 from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.model.dtype import DtypeName, resolve_dtype
+from polykv_agents.model.weights import Weights, check_weights, quantize_weights
 
 logger = logging.getLogger(__name__)
 
@@ -70,14 +71,15 @@ def _quiet_progress_bars() -> Iterator[None]:
 
 
 def load_model_uncached(
-    name_or_path: str | None, dtype: torch.dtype | None, device: str
+    name_or_path: str | None, dtype: torch.dtype | None, device: str, weights: Weights = "native"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load from local files, on the compute thread (de-quantising a GGUF file and casting are tensor work)."""
-    return run_on_compute_thread(_load, name_or_path, dtype, device)
+    """Load from local files, on the compute thread (de-quantising a GGUF file, casting and quantizing the
+    weights are tensor work)."""
+    return run_on_compute_thread(_load, name_or_path, dtype, device, weights)
 
 
 def _load(
-    name_or_path: str | None, dtype: torch.dtype | None, device: str
+    name_or_path: str | None, dtype: torch.dtype | None, device: str, weights: Weights
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     if name_or_path is None or name_or_path == DEFAULT_MODEL:
         gguf = embedded_model_file()
@@ -102,16 +104,17 @@ def _load(
         raise ModelNotFoundError(msg) from e
     model.to(device=device, dtype=dtype)
     model.eval()
+    quantize_weights(model, weights)  # after the cast: scales are stored in the model's dtype
     if name_or_path in (None, DEFAULT_MODEL):  # not the GGUF file's folder, whichever way it was asked for
         model.config.name_or_path = DEFAULT_MODEL
     return model, tokenizer
 
 
 class ModelCache:
-    """Loaded models by (name, dtype, device), each loaded once; thread-safe."""
+    """Loaded models by (name, dtype, device, weights), each loaded once; thread-safe."""
 
     def __init__(self) -> None:
-        self._loaded: dict[tuple[str, str, str], tuple[PreTrainedModel, PreTrainedTokenizerBase]] = {}
+        self._loaded: dict[tuple[str, str, str, str], tuple[PreTrainedModel, PreTrainedTokenizerBase]] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -122,15 +125,21 @@ class ModelCache:
         return f"ModelCache({sorted(self._loaded)})"
 
     def load(
-        self, name_or_path: str | None = None, *, dtype: torch.dtype | DtypeName | None = "auto", device: str = "cpu"
+        self,
+        name_or_path: str | None = None,
+        *,
+        dtype: torch.dtype | DtypeName | None = "auto",
+        device: str = "cpu",
+        weights: Weights = "native",
     ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         """``(model, tokenizer)``, loaded once per cache; arguments and errors as :func:`polykv_agents.load_model`."""
         dtype = resolve_dtype(dtype, device)  # "auto" and the dtype it means share one copy
-        key = (name_or_path or DEFAULT_MODEL, str(dtype), str(device))
+        weights = check_weights(weights)
+        key = (name_or_path or DEFAULT_MODEL, str(dtype), str(device), weights)
         with self._lock:  # held while loading: two callers of one model must not load it twice
             if key not in self._loaded:
-                logger.info("loading model %s (dtype=%s, device=%s)", key[0], dtype, device)
-                self._loaded[key] = load_model_uncached(name_or_path, dtype, device)
+                logger.info("loading model %s (dtype=%s, device=%s, weights=%s)", key[0], dtype, device, weights)
+                self._loaded[key] = load_model_uncached(name_or_path, dtype, device, weights)
             return self._loaded[key]
 
     def clear(self) -> None:

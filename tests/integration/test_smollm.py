@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import threading
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from polykv_agents import CompressionConfig, GenerationSettings, PooledAgent, SharedKVPool, load_model
+from polykv_agents.model.weights import quantize_weights
 
 pytestmark = pytest.mark.real_model
 
@@ -79,6 +81,22 @@ def test_in_bf16_the_pool_is_the_same_and_the_agent_still_answers(smollm, chat_d
     pool = SharedKVPool.prefill(model, tokenizer, chat_document)
     assert pool.digest == compressed_pool.digest and pool.fingerprint.dtype == "bfloat16"
     agent = PooledAgent(pool, model, tokenizer, system_prompt="You are the risk officer. Be brief and list items.")
+    answer = agent.generate(QUESTION, max_new_tokens=64).lower()
+    assert sum(word in answer for word in ("drought", "mains", "workforce")) >= 2, answer
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_with_quantized_weights_the_pool_is_the_same_and_the_agent_still_answers(
+    smollm, chat_document, compressed_pool, weights
+):
+    """weights="int8"/"int4" on the real model: every linear layer swapped, one pool digest with the native
+    model, and the agent answers the task from the pool its own model built."""
+    model, tokenizer = smollm
+    quantized = copy.deepcopy(model)
+    assert quantize_weights(quantized, weights) == 30 * 7 + 1  # q, k, v, o, gate, up, down per layer + output
+    pool = SharedKVPool.prefill(quantized, tokenizer, chat_document)
+    assert pool.digest == compressed_pool.digest
+    agent = PooledAgent(pool, quantized, tokenizer, system_prompt="You are the risk officer. Be brief and list items.")
     answer = agent.generate(QUESTION, max_new_tokens=64).lower()
     assert sum(word in answer for word in ("drought", "mains", "workforce")) >= 2, answer
 

@@ -76,6 +76,18 @@ def test_thewinners_lines_table_says_where_a_peer_wins():
     assert "TTFT cold" not in lines  # not measured: no row
 
 
+def test_the_winners_lines_take_our_best_setting_per_measure_and_name_it():
+    rows = [
+        _row(2048, "polykv_agents (one pool)", review_wall_s=20.0, decode_tok_s=14.0),
+        _row(2048, "polykv_agents (one pool), int4 weights", weights="int4", review_wall_s=21.0, decode_tok_s=50.0),
+        _row(2048, "llama.cpp", review_wall_s=25.0, decode_tok_s=40.0),
+    ]
+    lines = {line.split(" | ")[1]: line for line in winners_lines(rows)[2:]}
+    assert "| 20.000 s |" in lines["review wall"] and "polykv_agents, 1.2x" in lines["review wall"]
+    assert "| 50.0 (int4 weights) |" in lines["single-stream decode tok/s"]
+    assert "polykv_agents, 1.2x" in lines["single-stream decode tok/s"]
+
+
 def test_write_peers_writes_its_table_plot_and_the_servers_prompt_cache_line(tmp_path):
     from polykv_agents.bench.environment import RunInfo
 

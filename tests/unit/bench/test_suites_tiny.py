@@ -130,3 +130,26 @@ def test_dtype_suite_compares_both_dtypes_with_one_pool_digest(tiny_model_dir, t
     assert "after a second thread's tensor work ms" in write_dtype(result, tmp_path)[1].read_text()
     blocks = doc_blocks(result)
     assert "in bf16 from a pool built in fp32" in blocks["dtype"] and "bfloat16, 3 rows" in blocks["compute_thread"]
+
+
+def test_weights_suite_compares_native_int8_and_int4_with_one_pool_digest(tiny_model_dir, tmp_path):
+    """Every weights setting measured in one run with one pool digest (asserted inside); quantized weights are
+    smaller, every perplexity is finite, and the native model is its own reference."""
+    from polykv_agents.bench.weights import SUITE, WeightsOptions, doc_blocks
+    from polykv_agents.bench.writers import write_weights
+
+    options = WeightsOptions(
+        model=tiny_model_dir, context=64, agents=3, new_tokens=4, documents=2, continuation_tokens=16, repetitions=1
+    )
+    result = SUITE.measure(options, [].append)
+    speed = {r["weights"]: r for r in result.rows if r["kind"] == "speed"}
+    assert list(speed) == ["native", "int8", "int4"] and all(r["ms_per_step_n"] > 0 for r in speed.values())
+    assert speed["int4"]["model_mib"] < speed["int8"]["model_mib"] < speed["native"]["model_mib"]
+    kernels = [(r["weights"], r["layer"], r["rows"]) for r in result.rows if r["kind"] == "kernel"]
+    assert ("int8", "mlp.up_proj, every layer in turn", 3) in kernels and ("int4", "output layer", 512) in kernels
+    ppl = [r for r in result.rows if r["kind"] == "ppl"]
+    assert len(ppl) == 2 * 3 and all(r["ppl_pool_built_self"] > 0 for r in ppl)
+    assert all(r["ppl_full"] == r["ppl_native_full"] for r in ppl if r["weights"] == "native")
+    assert all(r["ppl_full"] != r["ppl_native_full"] for r in ppl if r["weights"] != "native")
+    assert "int4" in doc_blocks(result)["weights"]
+    assert [p.name for p in write_weights(result, tmp_path)] == ["weights.json", "weights.md"]

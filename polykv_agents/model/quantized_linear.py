@@ -1,0 +1,120 @@
+"""Weight-only int8 and int4 linear layers on PyTorch's own CPU kernels.
+
+A decode step multiplies a few rows (one per agent) by every weight matrix of the model, so its time is
+the time to read the weights. PyTorch ships CPU kernels that read quantized weights directly:
+
+- ``aten._weight_int8pack_mm``: int8 weights ``[N, K]``, one scale per output channel;
+- ``aten._weight_int4pack_mm_for_cpu``: int4 weights in groups of 32 along the input, each group with a
+  scale and a zero (tinygemm's format: ``w = (code - 8) * scale + zero``).
+
+``polykv-agents bench weights`` measures them per projection against the native layer, with the weights
+read from memory as in a decode step (docs/RESULTS.md, weights): at one row they take a fraction of the
+bf16 time; they are written for matrix-vector work, so at 15 rows they are about even and at 512 rows (a
+prefill chunk) slower. So:
+
+- :class:`Int8Linear` uses the kernel up to :data:`KERNEL_MAX_ROWS` rows, and above it converts the
+  weight to the activations' dtype and runs an ordinary matrix product (a prefill chunk reads the weight
+  once for hundreds of rows);
+- :class:`Int4Linear` has only its packed codes (keeping a second copy would cost what int8 costs), so it
+  uses the kernel at every row count: decoding is as fast as int8, prefill is slower.
+
+Why not torchao (0.18, tried first): in eager mode its int8 weight-only tensor dequantizes the whole
+weight at every call, which made a decode step about three times slower than bf16 here, and its CPU int4
+tensor calls the same kernel as :class:`Int4Linear` through a tensor subclass, which adds a dispatch per
+call. Calling PyTorch's kernels directly keeps both costs out of the step.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+KERNEL_MAX_ROWS = 16
+"""Up to this many rows, :class:`Int8Linear` runs the int8 kernel; above, a matrix product in the activations'
+dtype (the two tie at about 15 rows on this project's machine)."""
+
+INT4_GROUP_SIZE = 32
+"""Input features per int4 group (one scale and zero each): the block size of GGUF's Q4_0/Q4_1, so the
+embedded model's own 4-bit weights are represented again almost exactly."""
+
+
+class _QuantizedLinear(nn.Module):
+    """What both layers share: shapes, the bias, and flattening the leading dimensions."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.bias = linear.bias  # kept as it was (a Parameter or None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., in_features]`` -> ``[..., out_features]``."""
+        rows = x.reshape(-1, self.in_features)  # [M, K]
+        out = self._matmul(rows.contiguous())  # [M, N]
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def _matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Int8Linear(_QuantizedLinear):
+    """A linear layer with symmetric int8 weights, one scale per output channel.
+
+    Buffers: ``qweight [N, K]`` int8, ``scales [N]`` in the model's dtype.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear)
+        weight = linear.weight.detach()
+        full = weight.float()
+        scales = (full.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)  # [N]
+        scales = scales.to(weight.dtype).float()  # the codes are chosen against the scale that is stored
+        codes = torch.round(full / scales[:, None]).clamp(-127, 127).to(torch.int8)
+        self.register_buffer("qweight", codes)
+        self.register_buffer("scales", scales.to(weight.dtype))
+
+    def _matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        scales = self.scales.to(rows.dtype)
+        if rows.shape[0] <= KERNEL_MAX_ROWS:
+            return torch.ops.aten._weight_int8pack_mm(rows, self.qweight, scales)
+        return nn.functional.linear(rows, self.qweight.to(rows.dtype)) * scales
+
+
+class Int4Linear(_QuantizedLinear):
+    """A linear layer with asymmetric int4 weights in groups of :data:`INT4_GROUP_SIZE` input features.
+
+    Buffers: ``packed`` (the kernel's layout of the ``[N, K]`` codes), ``scales_and_zeros [K / 32, N, 2]``
+    in the model's dtype. Needs ``K`` divisible by 32 and ``N`` by 16 (:func:`int4_supported`).
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear)
+        if not int4_supported(linear):
+            msg = f"int4 weights need in_features % {INT4_GROUP_SIZE} == 0 and out_features % 16 == 0, got {linear}"
+            raise ValueError(msg)
+        weight = linear.weight.detach()
+        n, k = weight.shape
+        groups = weight.float().view(n, k // INT4_GROUP_SIZE, INT4_GROUP_SIZE)  # [N, K/32, 32]
+        low, high = groups.amin(dim=-1), groups.amax(dim=-1)  # [N, K/32]
+        # Scale and zero rounded to the stored dtype first, so the codes are chosen against them.
+        scales = ((high - low) / 15).clamp_min(torch.finfo(torch.float32).tiny).to(weight.dtype).float()
+        zeros = (low + 8 * scales).to(weight.dtype).float()
+        codes = torch.round((groups - zeros[..., None]) / scales[..., None] + 8).clamp(0, 15)
+        codes = codes.to(torch.int32).view(n, k)
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
+        scales_and_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous()  # [K/32, N, 2]
+        self.register_buffer("scales_and_zeros", scales_and_zeros.to(weight.dtype))
+
+    def _matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(
+            rows, self.packed, INT4_GROUP_SIZE, self.scales_and_zeros.to(rows.dtype)
+        )
+
+
+def int4_supported(linear: nn.Linear) -> bool:
+    """Whether the int4 kernel takes ``linear``'s shape."""
+    return linear.in_features % INT4_GROUP_SIZE == 0 and linear.out_features % 16 == 0

@@ -1,0 +1,148 @@
+"""Weight-only int8 / int4 layers (``weights=``): the function each layer computes, how a model is swapped,
+and that the batched runtime stays exact on a quantized model."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from tiny_models import assert_pairwise_distinct, tiny_causal_lm, tiny_sensitive_llama
+from torch import nn
+
+from polykv_agents import ChatPolyKV, Engine, PooledAgent, SharedKVPool
+from polykv_agents.model.fingerprint import model_fingerprint
+from polykv_agents.model.quantized_linear import INT4_GROUP_SIZE, KERNEL_MAX_ROWS, Int4Linear, Int8Linear
+from polykv_agents.model.weights import quantize_weights, weights_of
+from polykv_agents.sampling.settings import GenerationSettings
+
+ROLES = ["planner", "critic", "summarizer", "fox", "dog"]
+"""One-word system prompts that give the tiny model different answers."""
+
+
+def _linear(n: int, k: int, *, bias: bool = False, seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    return nn.Linear(k, n, bias=bias)
+
+
+@pytest.mark.parametrize("rows", [1, KERNEL_MAX_ROWS, KERNEL_MAX_ROWS + 1, 64])
+def test_int8_computes_its_dequantized_weight_on_both_paths(rows):
+    """The kernel (few rows) and the matrix product (many rows) compute x @ (codes * scales)^T + bias."""
+    linear = _linear(48, 64, bias=True)
+    layer = Int8Linear(linear)
+    dequantized = layer.qweight.float() * layer.scales[:, None]
+    x = torch.randn(rows, 64)
+    torch.testing.assert_close(layer(x), x @ dequantized.T + linear.bias, rtol=1e-5, atol=1e-5)
+    # ... and that weight is the original to within half a step of its channel's scale.
+    assert (dequantized - linear.weight).abs().max() <= 0.5 * layer.scales.max() + 1e-7
+
+
+def test_int8_keeps_leading_dimensions_and_the_activation_dtype():
+    layer = Int8Linear(_linear(32, 64).to(torch.bfloat16))
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    out = layer(x)
+    assert out.shape == (2, 3, 32) and out.dtype is torch.bfloat16
+
+
+def test_int4_represents_weights_on_a_4_bit_grid_exactly():
+    """Weights already 4-bit per group of 32 (scale * code + min, as GGUF's Q4_1 stores them) come back exact."""
+    torch.manual_seed(0)
+    n, k = 32, 96
+    codes = torch.randint(0, 16, (n, k // INT4_GROUP_SIZE, INT4_GROUP_SIZE)).float()
+    codes[..., 0], codes[..., 1] = 0, 15  # every group spans the whole grid, as a quantizer's groups do
+    scale = torch.rand(n, k // INT4_GROUP_SIZE, 1) * 0.01 + 0.001
+    low = torch.randn(n, k // INT4_GROUP_SIZE, 1) * 0.05
+    linear = _linear(n, k)
+    linear.weight.data = (codes * scale + low).view(n, k)
+    layer = Int4Linear(linear)
+    identity = torch.eye(k)
+    torch.testing.assert_close(layer(identity).T, linear.weight.data, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows", [1, 40])
+def test_int4_stays_within_half_a_group_step_of_any_weight(rows):
+    linear = _linear(64, 128, bias=True, seed=1)
+    layer = Int4Linear(linear)
+    dequantized = layer(torch.eye(128)).T - linear.bias[:, None]  # [N, K]
+    groups = linear.weight.detach().view(64, -1, INT4_GROUP_SIZE)
+    step = (groups.amax(-1) - groups.amin(-1)) / 15  # [N, K/32]
+    error = (dequantized - linear.weight).abs().view(64, -1, INT4_GROUP_SIZE).amax(-1)
+    assert torch.all(error <= 0.5 * step + 1e-6)
+    x = torch.randn(rows, 128)
+    torch.testing.assert_close(layer(x), x @ dequantized.T + linear.bias, rtol=1e-4, atol=1e-4)
+
+
+def test_int4_refuses_shapes_its_kernel_cannot_take():
+    with pytest.raises(ValueError, match="in_features % 32 == 0 and out_features % 16 == 0"):
+        Int4Linear(_linear(24, 64))
+
+
+def test_a_model_is_swapped_in_place_and_keeps_its_fingerprint(tiny_tok):
+    model = tiny_sensitive_llama()
+    before = model_fingerprint(model, tiny_tok)
+    linears = sum(type(m) is nn.Linear for m in model.modules())
+    assert quantize_weights(model, "int8") == linears
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    assert isinstance(model.lm_head, Int8Linear) and weights_of(model) == "int8"
+    assert model_fingerprint(model, tiny_tok) == before  # one pool serves both
+    assert quantize_weights(model, "int8") == 0  # already so
+    with pytest.raises(ValueError, match="already int8; load a fresh copy"):
+        quantize_weights(model, "int4")
+    with pytest.raises(ValueError, match="weights must be one of 'native', 'int8', 'int4', got 'fp4'"):
+        quantize_weights(tiny_sensitive_llama(), "fp4")
+
+
+def test_int4_keeps_the_output_layer_in_int8():
+    """As GGUF's 4-bit files do: a 4-bit output layer cost the embedded model ten times the perplexity."""
+    model = tiny_sensitive_llama()
+    quantize_weights(model, "int4")
+    assert isinstance(model.lm_head, Int8Linear)
+    assert isinstance(model.model.layers[0].mlp.up_proj, Int4Linear)
+
+
+def test_layers_the_int4_kernel_cannot_take_stay_native_and_are_counted(caplog):
+    model = tiny_causal_lm("gpt2")  # Conv1D projections, and a 320-token output layer
+    with caplog.at_level(logging.WARNING, logger="polykv_agents.model.weights"):
+        quantize_weights(model, "int4")
+    assert "stay native: the int4 kernel cannot take them" in caplog.text
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_batched_agents_on_quantized_weights_match_their_sequential_answers(tiny_tok, weights):
+    """Cascade attention stays exact when the projections are quantized: the runtime's batched answers equal
+    each agent's answer decoded alone over a private copy of the pool, on the same quantized model."""
+    model = tiny_sensitive_llama()
+    native_pool = SharedKVPool.prefill(model, tiny_tok, "Keys are int8; values are three-bit codes. " * 6)
+    quantize_weights(model, weights)
+    pool = SharedKVPool.prefill(model, tiny_tok, "Keys are int8; values are three-bit codes. " * 6)
+    assert pool.digest == native_pool.digest  # the pool's identity does not depend on how weights are stored
+    settings = GenerationSettings(max_new_tokens=12)
+    questions = [f"Question {i}: what are {'keys' if i % 2 else 'values'}?" for i in range(5)]
+    engine = Engine()
+    batched = [PooledAgent(pool, model, tiny_tok, system_prompt=ROLES[i], engine=engine) for i in range(5)]
+    private = [
+        PooledAgent(pool, model, tiny_tok, system_prompt=ROLES[i], engine=engine, runtime="private") for i in range(5)
+    ]
+    expected = [list(agent.generate_ids(q, settings)) for agent, q in zip(private, questions, strict=True)]
+    assert_pairwise_distinct(expected)
+    with ThreadPoolExecutor(5) as threads:
+        got = list(
+            threads.map(
+                lambda pair: list(pair[0].generate_ids(pair[1], settings)), zip(batched, questions, strict=True)
+            )
+        )
+    assert got == expected
+    engine.close()
+
+
+def test_an_engine_keeps_one_copy_per_weights_and_a_chat_model_asks_for_its_own(tiny_model_dir):
+    engine = Engine()
+    native, _ = engine.load_model(tiny_model_dir)
+    int8, _ = engine.load_model(tiny_model_dir, weights="int8")
+    assert weights_of(native) == "native" and weights_of(int8) == "int8"
+    assert engine.load_model(tiny_model_dir, weights="int8")[0] is int8 and len(engine.models) == 2
+    ChatPolyKV(model=tiny_model_dir, weights="int4", max_tokens=3, engine=engine).invoke("hi")
+    assert weights_of(engine.load_model(tiny_model_dir, weights="int4")[0]) == "int4" and len(engine.models) == 3
+    with pytest.raises(ValueError, match="weights"):
+        ChatPolyKV(weights="int2")
