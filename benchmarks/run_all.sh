@@ -22,6 +22,6 @@ if [[ $# -ge 1 ]]; then
     polykv-agents bench peer --peer-python "$1" --out "$out"
 fi
 if [[ -n "${LLAMA_SERVER:-}" ]]; then
-    polykv-agents bench peers --llama-server "$LLAMA_SERVER" --out "$out"
+    polykv-agents bench peers --llama-server "$LLAMA_SERVER" --weights native --weights int8 --weights int4 --out "$out"
 fi
 python benchmarks/render_results.py

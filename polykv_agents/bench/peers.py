@@ -391,7 +391,7 @@ SUITE = TableSuite(
     "llama.cpp (llama-cpp-python, llama-server) against the pooled review, side by side: same GGUF, prompts, work.",
     PeersOptions,
     _measure,
-    command="polykv-agents bench peers --llama-server LLAMA_SERVER",
+    command="polykv-agents bench peers --llama-server LLAMA_SERVER --weights native --weights int8 --weights int4",
     blocks=readme_blocks,
     reproduce=(),  # needs the [peers] extra and a llama-server binary: benchmarks/run_all.sh runs it when given one
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from polykv_agents.bench import (
     ablation,
+    admission,
     agents,
     dtypes,
     grammar_overhead,
@@ -27,8 +28,8 @@ from polykv_agents.bench import (
 from polykv_agents.bench.suite import Suite
 
 _MODULES = (
-    memory, quality, speed, dtypes, weights, ablation, peer, agents, graph_e2e, peers, load_soak, grammar_overhead,
-    ray_scale_out,
+    memory, quality, speed, dtypes, weights, admission, ablation, peer, agents, graph_e2e, peers, load_soak,
+    grammar_overhead, ray_scale_out,
 )  # fmt: skip
 SUITES: dict[str, Suite] = {module.SUITE.name: module.SUITE for module in _MODULES}
 """Suite name -> suite (a documented registry: filled once, here, never changed at run time)."""

@@ -292,7 +292,8 @@ def write_peers(result: SuiteResult, out_dir: Path) -> list[Path]:
         "warm: the document resident, only the prompt is new. llama.cpp's KV is the size of its saved state "
         "with the document in it (f16 KV); ours is the pool, and, while decoding, the pool plus its decoded "
         "prefix. Peak RSS: llama.cpp in a fresh process of its own; ours sampled around our own runs (the "
-        "model's weights included).",
+        "model's weights included; a run with several weights settings holds a copy of the model for each, and "
+        "every one of them counts in every row of ours).",
         "Where each side stands:\n\n" + "\n".join(winners_lines(engines)),
     ]
     if server:

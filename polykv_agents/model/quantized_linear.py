@@ -71,7 +71,9 @@ class Int8Linear(_QuantizedLinear):
         super().__init__(linear)
         weight = linear.weight.detach()
         full = weight.float()
-        scales = (full.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)  # [N]
+        # The smallest normal number of the stored dtype: an all-zero row (pruned, padding) needs a scale that
+        # survives the cast, or its codes would be 0 / 0.
+        scales = (full.abs().amax(dim=1) / 127).clamp_min(torch.finfo(weight.dtype).tiny)  # [N]
         scales = scales.to(weight.dtype).float()  # the codes are chosen against the scale that is stored
         codes = torch.round(full / scales[:, None]).clamp(-127, 127).to(torch.int8)
         self.register_buffer("qweight", codes)
@@ -101,7 +103,7 @@ class Int4Linear(_QuantizedLinear):
         groups = weight.float().view(n, k // INT4_GROUP_SIZE, INT4_GROUP_SIZE)  # [N, K/32, 32]
         low, high = groups.amin(dim=-1), groups.amax(dim=-1)  # [N, K/32]
         # Scale and zero rounded to the stored dtype first, so the codes are chosen against them.
-        scales = ((high - low) / 15).clamp_min(torch.finfo(torch.float32).tiny).to(weight.dtype).float()
+        scales = ((high - low) / 15).clamp_min(torch.finfo(weight.dtype).tiny).to(weight.dtype).float()
         zeros = (low + 8 * scales).to(weight.dtype).float()
         codes = torch.round((groups - zeros[..., None]) / scales[..., None] + 8).clamp(0, 15)
         codes = codes.to(torch.int32).view(n, k)

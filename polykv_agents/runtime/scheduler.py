@@ -6,7 +6,9 @@ process's compute thread (:mod:`polykv_agents.model.compute_thread`), which runs
 
   loop:
     admit new requests: prefill their prompts together on top of the shared prefix (left-padded
-      rows of a new SuffixCache, cascade attention), sample each first token, append the rows
+      rows of a new SuffixCache, cascade attention), sample each first token, append the rows.
+      While other rows are decoding, an admission goes in chunks of about ``admission_chunk_tokens``
+      prompt tokens, one chunk per step, so running agents wait one chunk, never a whole prompt
     drop rows that finished or were cancelled
     one decode step for the whole batch: last tokens ``[B, 1]`` at positions ``T + lengths``,
       cascade attention (prefix read once for all rows), each row sampled with its own settings
@@ -50,6 +52,9 @@ _END = object()
 SCHEDULER_IDLE_SECONDS = 15.0
 """How long a scheduler in a scheduler table waits without work before it retires (by default)."""
 
+ADMISSION_CHUNK_TOKENS = 128
+"""Prompt tokens (over all rows being admitted) prefilled per step while other rows decode, by default."""
+
 
 @dataclass(eq=False)
 class _Request:
@@ -74,6 +79,20 @@ class _Request:
         self.out.put(error)
 
 
+@dataclass(eq=False)
+class _Admission:
+    """Requests being admitted together: their left-padded prompts and the suffix rows prefilled so far."""
+
+    requests: list[_Request]
+    ids: torch.Tensor  # [A, width] prompts, left-padded to the longest
+    rows: SuffixCache  # their suffixes: the first ``done`` columns of ids
+    done: int = 0
+
+    @property
+    def width(self) -> int:
+        return self.ids.shape[1]
+
+
 class BatchScheduler:
     """Gathers concurrent requests over one pool into one batched forward pass per step.
 
@@ -86,6 +105,8 @@ class BatchScheduler:
         on_idle: Called from the worker after ``idle_seconds`` without work; returns whether the
             scheduler retired (then its thread ends). ``None``: it waits for work until closed.
         idle_seconds: Seconds without work before ``on_idle`` is asked.
+        admission_chunk_tokens: Prompt tokens (over all rows being admitted) prefilled per step while other
+            rows decode; ``None``: every admission in one forward, however long it makes the running rows wait.
     """
 
     idle_seconds: float | None = SCHEDULER_IDLE_SECONDS
@@ -101,12 +122,18 @@ class BatchScheduler:
         max_batch_size: int = 32,
         on_idle: Callable[[BatchScheduler], bool] | None = None,
         idle_seconds: float | None = SCHEDULER_IDLE_SECONDS,
+        admission_chunk_tokens: int | None = ADMISSION_CHUNK_TOKENS,
     ) -> None:
+        if admission_chunk_tokens is not None and admission_chunk_tokens < 1:
+            msg = f"admission_chunk_tokens must be at least 1 or None, got {admission_chunk_tokens}"
+            raise ValueError(msg)
         enable_cascade_attention(model)
         self.idle_seconds = idle_seconds
         self.model = model
         self.prefix = run_on_compute_thread(SharedPrefix, pool, model, residency)
         self.max_batch_size = max_batch_size
+        self.admission_chunk_tokens = admission_chunk_tokens
+        self._admission: _Admission | None = None
         self._tokenizer = tokenizer
         self._eos_ids = eos_token_ids(model, tokenizer)
         self._num_layers = pool.num_layers
@@ -166,7 +193,7 @@ class BatchScheduler:
     def close_if_idle(self) -> bool:
         """Close now if no request is running or waiting; returns whether it closed."""
         with self._wake:
-            if self._rows or not self._inbox.empty():
+            if self._rows or self._admission is not None or not self._inbox.empty():
                 return False
             self._closed = True
             return True
@@ -175,25 +202,30 @@ class BatchScheduler:
         """Block until there is work; ``False`` once closed or retired."""
         while True:
             with self._wake:
-                while not self._rows and self._inbox.empty() and not self._closed:
+                while not self._busy() and self._inbox.empty() and not self._closed:
                     timeout = self.idle_seconds if self._on_idle is not None else None
                     # Re-read after the wait: idle_seconds may have been set to None meanwhile.
                     if not self._wake.wait(timeout) and self._inbox.empty() and self.idle_seconds is not None:
                         break  # idle for idle_seconds
                 if self._closed:
                     return False
-                if self._rows or not self._inbox.empty():
+                if self._busy() or not self._inbox.empty():
                     return True
             # Outside the condition: on_idle takes the registry lock first, as submit() does.
             if self._on_idle is not None and self._on_idle(self):
                 return False
+
+    def _busy(self) -> bool:
+        """Whether rows are decoding or an admission is under way."""
+        return bool(self._rows) or self._admission is not None
 
     def _run(self) -> None:
         while self._wait_for_work():
             # The tensor work of a step runs on the process's one compute thread (see
             # polykv_agents.model.compute_thread); this thread only waits for work and hands it over.
             run_on_compute_thread(self._step)
-        for request in self._rows:
+        admitting = self._admission.requests if self._admission is not None else []
+        for request in [*self._rows, *admitting]:
             request.finish("stop")
         while not self._inbox.empty():
             self._inbox.get_nowait().finish("stop")
@@ -247,9 +279,46 @@ class BatchScheduler:
         return logits[:, -1]
 
     def _admit(self) -> None:
-        """Prefill every waiting request (up to the free rows) in ONE forward: prompts are left-padded
-        to the longest, so each row's last prompt token is the last position, and the padding slots
-        are masked for good."""
+        """Start admitting the waiting requests (up to the free rows) if no admission is under way, then
+        prefill the next chunk of the one that is: all of it when no other row is decoding (nobody waits),
+        else about ``admission_chunk_tokens`` prompt tokens. When its last chunk is in, each admitted
+        request gets its first token and joins the running rows."""
+        if self._admission is None:
+            self._admission = self._start_admission()
+            if self._admission is None:
+                return
+        admission = self._admission
+        columns = admission.width - admission.done
+        if self._rows and self.admission_chunk_tokens is not None:
+            columns = min(columns, max(1, self.admission_chunk_tokens // len(admission.requests)))
+        try:
+            logits = self._forward(admission.ids[:, admission.done : admission.done + columns], admission.rows)
+        except Exception as e:  # these prompts failed; the running batch is untouched
+            self._admission = None
+            for request in admission.requests:
+                request.out.put(e)
+            return
+        admission.done += columns
+        if admission.done < admission.width:
+            return
+        self._admission = None
+        keep = []
+        for row, request in enumerate(admission.requests):
+            if request.cancelled.is_set():  # its consumer left while its prompt was being prefilled
+                request.finish("stop")
+                continue
+            self._emit(request, logits[row])
+            if request.stats.finish_reason is None:
+                keep.append(row)
+                self._rows.append(request)
+        if keep:
+            admission.rows.select(torch.tensor(keep, dtype=torch.long))
+            self._cache.concat(admission.rows)
+        self.peak_batch_size = max(self.peak_batch_size, len(self._rows))
+
+    def _start_admission(self) -> _Admission | None:
+        """The waiting requests that fit in the free rows, their prompts left-padded to the longest, so each
+        row's last prompt token is the last position (the padding slots are masked for good)."""
         admitted: list[_Request] = []
         while len(self._rows) + len(admitted) < self.max_batch_size:
             try:
@@ -263,30 +332,15 @@ class BatchScheduler:
             else:
                 admitted.append(request)
         if not admitted:
-            return
+            return None
         width = max(r.prompt_ids.numel() for r in admitted)
         ids = torch.zeros(len(admitted), width, dtype=torch.long)
-        new_rows = SuffixCache(self._num_layers, len(admitted))
+        rows = SuffixCache(self._num_layers, len(admitted))
         for row, request in enumerate(admitted):
             pad = width - request.prompt_ids.numel()
             ids[row, pad:] = request.prompt_ids
-            new_rows.starts[row] = pad
-        try:
-            logits = self._forward(ids, new_rows)
-        except Exception as e:  # these prompts failed; the running batch is untouched
-            for request in admitted:
-                request.out.put(e)
-            return
-        keep = []
-        for row, request in enumerate(admitted):
-            self._emit(request, logits[row])
-            if request.stats.finish_reason is None:
-                keep.append(row)
-                self._rows.append(request)
-        if keep:
-            new_rows.select(torch.tensor(keep, dtype=torch.long))
-            self._cache.concat(new_rows)
-        self.peak_batch_size = max(self.peak_batch_size, len(self._rows))
+            rows.starts[row] = pad
+        return _Admission(admitted, ids, rows)
 
     def _drop_finished(self) -> None:
         keep = [i for i, r in enumerate(self._rows) if r.stats.finish_reason is None and not r.cancelled.is_set()]

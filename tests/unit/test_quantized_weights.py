@@ -73,6 +73,20 @@ def test_int4_stays_within_half_a_group_step_of_any_weight(rows):
     torch.testing.assert_close(layer(x), x @ dequantized.T + linear.bias, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("layer_type", [Int8Linear, Int4Linear])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_zero_rows_and_constant_groups_stay_exact_and_finite(layer_type, dtype):
+    """Pruned or padding rows are all zeros, and a group can be constant: a zero scale would make codes 0 / 0."""
+    linear = _linear(32, 64).to(dtype)
+    linear.weight.data[3] = 0
+    linear.weight.data[5, :32] = 0.25
+    layer = layer_type(linear)
+    out = layer(torch.randn(2, 64, dtype=dtype))
+    assert torch.isfinite(out).all() and torch.all(out[:, 3] == 0)
+    if layer_type is Int4Linear:  # a constant group comes back exactly (int8's scale is the whole row's)
+        assert torch.all(layer(torch.eye(64, dtype=dtype)).T[5, :32] == 0.25)
+
+
 def test_int4_refuses_shapes_its_kernel_cannot_take():
     with pytest.raises(ValueError, match="in_features % 32 == 0 and out_features % 16 == 0"):
         Int4Linear(_linear(24, 64))

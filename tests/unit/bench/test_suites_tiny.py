@@ -153,3 +153,20 @@ def test_weights_suite_compares_native_int8_and_int4_with_one_pool_digest(tiny_m
     assert all(r["ppl_full"] != r["ppl_native_full"] for r in ppl if r["weights"] != "native")
     assert "int4" in doc_blocks(result)["weights"]
     assert [p.name for p in write_weights(result, tmp_path)] == ["weights.json", "weights.md"]
+
+
+def test_admission_suite_times_both_settings_for_each_running_count(tiny_model_dir, tmp_path):
+    from polykv_agents.bench.admission import SUITE, AdmissionOptions
+
+    options = AdmissionOptions(
+        model=tiny_model_dir, context_tokens=64, prompt_tokens=40, running=[1, 3], new_tokens=12, join_after=3,
+        repetitions=1,
+    )  # fmt: skip
+    result = SUITE.run(options, [].append)
+    assert [(r["running_agents"], r["chunk_tokens"]) for r in result.rows] == [(1, 128), (1, None), (3, 128), (3, None)]
+    assert all(r["max_gap_after_ms"] > 0 and r["newcomer_ttft_s"] > 0 for r in result.rows)
+    assert result.prompt_tokens == 40
+    assert "newcomer's first token" in SUITE.rendered(result).blocks["admission"]
+    assert [p.name for p in SUITE.write(result, tmp_path)] == ["admission.json", "admission.md"]
+    with pytest.raises(ValueError, match="must be below new_tokens"):
+        AdmissionOptions(new_tokens=8, join_after=8)

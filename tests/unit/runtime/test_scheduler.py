@@ -315,3 +315,51 @@ def test_a_scheduler_told_never_to_retire_outlives_its_idle_time(model, tiny_tok
     assert scheduler._thread.is_alive()
     assert engine.schedulers.scheduler_for(model, tiny_tok, pool, "decompressed") is scheduler
     engine.close()
+
+
+def test_a_long_prompt_is_admitted_in_chunks_between_the_running_row_s_steps(model, tiny_tok, pool):
+    """While a row decodes, a newly admitted prompt goes in chunks of ``admission_chunk_tokens``, one per step
+    with a decode step for the running row after each: that row never waits for the whole prompt, and both
+    rows still get exactly their sequential answers."""
+    scheduler = BatchScheduler(model, tiny_tok, pool, admission_chunk_tokens=4)
+    forwards: list[tuple[int, int]] = []  # (rows, query tokens) of every forward, in order
+    forward = scheduler._forward
+
+    def recorded(ids, cache):
+        forwards.append(tuple(ids.shape))
+        return forward(ids, cache)
+
+    scheduler._forward = recorded
+    short, long = _prompt(pool, model, tiny_tok, 0), _prompt(pool, model, tiny_tok, 6)
+    running, joining = GenerationSettings(max_new_tokens=40), GenerationSettings(max_new_tokens=5)
+    expected = [_sequential(model, tiny_tok, pool, short, running), _sequential(model, tiny_tok, pool, long, joining)]
+    assert_pairwise_distinct(expected)
+
+    first, _ = _submit(scheduler, short, running)
+    got_first = [next(first) for _ in range(2)]  # one row is decoding ...
+    second, _ = _submit(scheduler, long, joining)  # ... when a long prompt arrives
+    got_second = list(second)
+    got_first += list(first)
+    scheduler.close()
+
+    assert [got_first, got_second] == expected
+    chunks = [i for i, (rows, width) in enumerate(forwards) if i > 0 and width > 1]
+    assert len(chunks) == -(-long.numel() // 4) and all(forwards[i] == (1, 4) for i in chunks[:-1])
+    assert all(forwards[i + 1] == (1, 1) for i in chunks[:-1])  # the running row's step after every chunk
+    assert forwards[0] == (1, short.numel())  # nothing was running: the first prompt went in whole
+
+
+def test_without_chunking_an_admission_is_one_forward(model, tiny_tok, pool):
+    scheduler = BatchScheduler(model, tiny_tok, pool, admission_chunk_tokens=None)
+    forwards: list[tuple[int, int]] = []
+    forward = scheduler._forward
+    scheduler._forward = lambda ids, cache: forwards.append(tuple(ids.shape)) or forward(ids, cache)
+    short, long = _prompt(pool, model, tiny_tok, 0), _prompt(pool, model, tiny_tok, 6)
+    first, _ = _submit(scheduler, short, GenerationSettings(max_new_tokens=20))
+    next(first)
+    second, _ = _submit(scheduler, long, GenerationSettings(max_new_tokens=3))
+    list(second), list(first)
+    scheduler.close()
+    assert (1, long.numel()) in forwards
+    with pytest.raises(ValueError, match="admission_chunk_tokens must be at least 1 or None"):
+        BatchScheduler(model, tiny_tok, pool, admission_chunk_tokens=0)
