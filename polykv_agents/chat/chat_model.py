@@ -176,8 +176,11 @@ class ChatPolyKV(BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
+        # What changes the answers, so LangChain's response cache keeps them apart: the dtype and the weights too.
         return {
             "model": self.model,
+            "dtype": self.dtype,
+            "weights": self.weights,
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,

@@ -160,3 +160,10 @@ def test_an_engine_keeps_one_copy_per_weights_and_a_chat_model_asks_for_its_own(
     assert weights_of(engine.load_model(tiny_model_dir, weights="int4")[0]) == "int4" and len(engine.models) == 3
     with pytest.raises(ValueError, match="weights"):
         ChatPolyKV(weights="int2")
+
+
+def test_a_chat_model_s_identity_names_its_weights_and_dtype():
+    """LangChain's response cache keys on it: answers from int8 weights are not native answers."""
+    native, int8 = ChatPolyKV(), ChatPolyKV(weights="int8")
+    assert native._identifying_params["weights"] == "native" and int8._identifying_params["weights"] == "int8"
+    assert native._identifying_params["dtype"] == "auto"
