@@ -74,7 +74,8 @@ def speed_row(model, tokenizer, ids: torch.Tensor, agents: int, new_tokens: int,
     }
 
 
-def _ppl(model, cache, continuation: torch.Tensor, start: int) -> float:
+def perplexity(model, cache, continuation: torch.Tensor, start: int) -> float:
+    """Perplexity of ``continuation`` after ``cache`` (consumed), positions from ``start``."""
     return math.exp(continuation_nll(model, cache, continuation, start))
 
 
@@ -87,12 +88,12 @@ def _ppl_rows(models: dict, tokenizer, texts: Sequence[str], context: int, conti
             name: SharedKVPool.from_cache(models[name], tokenizer, cache, prefix) for name, cache in caches.items()
         }
         assert len({pool.digest for pool in pools.values()}) == 1, "one pool digest for every dtype"
-        reference = _ppl(models["float32"], caches["float32"], continuation, context)  # consumes that cache
+        reference = perplexity(models["float32"], caches["float32"], continuation, context)  # consumes that cache
         for reader, model in models.items():
             other = next(name for name in models if name != reader)
-            full = reference if reader == "float32" else _ppl(model, caches[reader], continuation, context)
-            same = _ppl(model, pools[reader].to_cache(model), continuation, context)
-            cross = _ppl(model, pools[other].to_cache(model), continuation, context)
+            full = reference if reader == "float32" else perplexity(model, caches[reader], continuation, context)
+            same = perplexity(model, pools[reader].to_cache(model), continuation, context)
+            cross = perplexity(model, pools[other].to_cache(model), continuation, context)
             rows.append(
                 {
                     "kind": "ppl",
@@ -190,8 +191,9 @@ def _measure(options: DtypeOptions, progress: Progress) -> SuiteResult:
     )
 
 
-def _ppl_phrase(summary: Sequence[dict], reader: str, cache: str) -> str:
-    row = next(r for r in summary if r["reader"] == reader and r["cache"] == cache)
+def ppl_phrase(summary: Sequence[dict], cache: str, **match: str) -> str:
+    """``+x.xx% [low, high]`` of the summary row for ``cache`` whose fields equal ``match``."""
+    row = next(r for r in summary if r["cache"] == cache and all(r[k] == v for k, v in match.items()))
     return f"{row['delta_pct_mean']:+.2f}% [{row['delta_pct_ci_low']:+.2f}, {row['delta_pct_ci_high']:+.2f}]"
 
 
@@ -202,15 +204,18 @@ def doc_blocks(result: SuiteResult) -> dict[str, str]:
     summary, n = result.summary["ppl"], fp32["agents"]
     command = f"(`polykv-agents bench dtype`, {result.info.date}"
     source = f"{command}, {result.settings['documents']} documents; "
+    own, other = "default pool built in this dtype", "default pool built in the other dtype"
     dtype = (
         f"On this machine bf16 prefilled {fp32['context_tokens']:,} tokens in {bf16['prefill_s']:.1f} s against "
         f"{fp32['prefill_s']:.1f} s in fp32, and decoded at {bf16['ms_per_step_1']:.0f} against "
         f"{fp32['ms_per_step_1']:.0f} ms per step for one agent, {bf16['ms_per_step_n']:.0f} against "
         f"{fp32['ms_per_step_n']:.0f} ms for {n}. Perplexity against fp32 with its full cache: the default pool read "
-        f"in fp32 {_ppl_phrase(summary, 'float32', 'default pool built in this dtype')}, in bf16 from a pool built in "
-        f"bf16 {_ppl_phrase(summary, 'bfloat16', 'default pool built in this dtype')}, in bf16 from a pool built in "
-        f"fp32 {_ppl_phrase(summary, 'bfloat16', 'default pool built in the other dtype')}; bf16 with its own full "
-        f"cache {_ppl_phrase(summary, 'bfloat16', 'its own full cache')} " + source + "docs/RESULTS.md, fp32 and bf16)."
+        f"in fp32 {ppl_phrase(summary, own, reader='float32')}, in bf16 from a pool built in "
+        f"bf16 {ppl_phrase(summary, own, reader='bfloat16')}, in bf16 from a pool built in "
+        f"fp32 {ppl_phrase(summary, other, reader='bfloat16')}; bf16 with its own full "
+        f"cache {ppl_phrase(summary, 'its own full cache', reader='bfloat16')} "
+        + source
+        + "docs/RESULTS.md, fp32 and bf16)."
     )
     teams = [
         f"{r['dtype']}, {r['batch_size']} row{'s' if r['batch_size'] > 1 else ''}: {r['ms_one_team']:.1f} ms, then "

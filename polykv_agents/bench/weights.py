@@ -15,22 +15,20 @@ All three copies of the model are loaded in the dtype ``auto`` picks (bf16 on th
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
-from pydantic import Field
 from torch import nn
 
-from polykv_agents.bench.dtypes import speed_row
+from polykv_agents.bench.dtypes import DtypeOptions, perplexity, ppl_phrase, speed_row
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress, SuiteResult
 from polykv_agents.bench.stats import mean_interval
 from polykv_agents.bench.step_costs import median_ms_on_compute_thread
-from polykv_agents.bench.suite import SuiteOptions, TableSuite
+from polykv_agents.bench.suite import TableSuite
 from polykv_agents.codecs.encoded import dtype_name
 from polykv_agents.eval.corpus import pydoc_documents
-from polykv_agents.eval.perplexity import continuation_nll, prefix_and_continuation
+from polykv_agents.eval.perplexity import prefix_and_continuation
 from polykv_agents.model.weights import WEIGHTS
 from polykv_agents.pool.prefill import prefill_cache
 from polykv_agents.pool.shared_pool import SharedKVPool
@@ -74,10 +72,6 @@ def _kernel_rows(weights: str, model, rows: Sequence[int], repetitions: int) -> 
     return out
 
 
-def _ppl(model, cache, continuation: torch.Tensor, start: int) -> float:
-    return math.exp(continuation_nll(model, cache, continuation, start))
-
-
 def _ppl_rows(models: dict, tokenizer, texts: Sequence[str], context: int, continuation_tokens: int) -> list[dict]:
     rows = []
     native = models["native"]
@@ -86,7 +80,8 @@ def _ppl_rows(models: dict, tokenizer, texts: Sequence[str], context: int, conti
         caches = {name: prefill_cache(model, prefix)[0] for name, model in models.items()}
         pools = {name: SharedKVPool.from_cache(models[name], tokenizer, caches[name], prefix) for name in models}
         assert len({pool.digest for pool in pools.values()}) == 1, "one pool digest for every weights setting"
-        reference = _ppl(native, caches["native"], continuation, context)  # consumes that cache
+        reference = perplexity(native, caches["native"], continuation, context)  # consumes that cache
+        start = context
         for name, model in models.items():
             rows.append(
                 {
@@ -96,9 +91,11 @@ def _ppl_rows(models: dict, tokenizer, texts: Sequence[str], context: int, conti
                     "context_tokens": context,
                     "continuation_tokens": continuation_tokens,
                     "ppl_native_full": reference,
-                    "ppl_full": reference if name == "native" else _ppl(model, caches[name], continuation, context),
-                    "ppl_pool_built_native": _ppl(model, pools["native"].to_cache(model), continuation, context),
-                    "ppl_pool_built_self": _ppl(model, pools[name].to_cache(model), continuation, context),
+                    "ppl_full": reference
+                    if name == "native"
+                    else perplexity(model, caches[name], continuation, context),
+                    "ppl_pool_built_native": perplexity(model, pools["native"].to_cache(model), continuation, start),
+                    "ppl_pool_built_self": perplexity(model, pools[name].to_cache(model), continuation, start),
                 }
             )
     return rows
@@ -132,21 +129,8 @@ def ppl_summary(rows: Sequence[dict]) -> list[dict]:
     return summary
 
 
-class WeightsOptions(SuiteOptions):
-    context: int = Field(default=2048, ge=16)
-    """Document tokens (speed and perplexity)."""
-    agents: int = Field(default=15, ge=2)
-    """Agents decoding at once for the batched step."""
-    new_tokens: int = Field(default=24, ge=4)
-    """Tokens each agent decodes per timed run (EOS ignored)."""
-    documents: int = Field(default=5, ge=2)
-    """pydoc_data.topics texts for perplexity (intervals are over documents)."""
-    continuation_tokens: int = Field(default=256, ge=2)
-    """Scored tokens after the prefix."""
-    repetitions: int = Field(default=3, ge=1)
-    """Timed repetitions after one warm-up (median)."""
-    model: str | None = None
-    """Local HF model dir or cached id; default: embedded."""
+class WeightsOptions(DtypeOptions):
+    """The dtype suite's settings: the same document, agents, steps and perplexity protocol."""
 
 
 def _measure(options: WeightsOptions, progress: Progress) -> SuiteResult:
@@ -186,11 +170,6 @@ def _measure(options: WeightsOptions, progress: Progress) -> SuiteResult:
     )
 
 
-def _ppl_phrase(summary: Sequence[dict], weights: str, cache: str) -> str:
-    row = next(r for r in summary if r["weights"] == weights and r["cache"] == cache)
-    return f"{row['delta_pct_mean']:+.2f}% [{row['delta_pct_ci_low']:+.2f}, {row['delta_pct_ci_high']:+.2f}]"
-
-
 def doc_blocks(result: SuiteResult) -> dict[str, str]:
     """The README's sentence on ``weights=``."""
     speed = {r["weights"]: r for r in result.rows if r["kind"] == "speed"}
@@ -199,8 +178,8 @@ def doc_blocks(result: SuiteResult) -> dict[str, str]:
     parts = [
         f"{name} {r['ms_per_step_1']:.0f} ms per step for one agent and {r['ms_per_step_n']:.0f} ms for {n}, a "
         f"{r['context_tokens']:,}-token prefill in {r['prefill_s']:.1f} s, {r['model_mib']:.0f} MiB of weights, "
-        f"perplexity {_ppl_phrase(summary, name, 'default pool built by this model')} with a pool it built and "
-        f"{_ppl_phrase(summary, name, 'default pool built by the native model')} with the native model's pool"
+        f"perplexity {ppl_phrase(summary, 'default pool built by this model', weights=name)} with a pool it built and "
+        f"{ppl_phrase(summary, 'default pool built by the native model', weights=name)} with the native model's pool"
         for name, r in speed.items()
         if name != "native"
     ]
