@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -36,6 +37,9 @@ from polykv_agents.runtime.scheduler_table import SchedulerTable
 BUDGET_ENV_VAR = "POLYKV_POOL_BUDGET_BYTES"
 """Environment variable that sets the default engine's pool budget in bytes."""
 
+COMPILE_ENV_VAR = "POLYKV_COMPILE_DECODE"
+"""Environment variable that turns on the default engine's compiled decode steps (``1``; ``0`` or unset: eager)."""
+
 
 class Engine:
     """Models, pools and schedulers shared by every agent and chat model that uses this engine.
@@ -45,6 +49,9 @@ class Engine:
             use never is); ``None``: unbounded.
         scheduler_idle_seconds: Seconds a batch scheduler waits without work before it retires (freeing
             its thread and decoded prefix); ``None``: never.
+        compile_decode: Batched decode steps through ``torch.compile`` (see
+            :class:`~polykv_agents.runtime.compiled_decode.CompiledDecoder`): faster steps after a compilation
+            of tens of seconds per batch-size bucket; eager wherever compiling fails.
     """
 
     def __init__(
@@ -52,10 +59,11 @@ class Engine:
         *,
         max_pool_bytes: int | None = DEFAULT_MAX_BYTES,
         scheduler_idle_seconds: float | None = SCHEDULER_IDLE_SECONDS,
+        compile_decode: bool | str | Callable = False,
     ) -> None:
         self.models = ModelCache()
         self.pools = PoolRegistry(max_bytes=max_pool_bytes)
-        self.schedulers = SchedulerTable(idle_seconds=scheduler_idle_seconds)
+        self.schedulers = SchedulerTable(idle_seconds=scheduler_idle_seconds, compile_decode=compile_decode)
         self._backends: dict[str, Backend] = {
             "decompressed": BatchedBackend(self.schedulers, "decompressed"),
             "compressed": BatchedBackend(self.schedulers, "compressed"),
@@ -92,11 +100,12 @@ _DEFAULT_LOCK = threading.Lock()
 
 
 def default_engine() -> Engine:
-    """The process-wide engine (created on first use; its pool budget comes from ``POLYKV_POOL_BUDGET_BYTES``)."""
+    """The process-wide engine (created on first use; its pool budget comes from ``POLYKV_POOL_BUDGET_BYTES``,
+    and ``POLYKV_COMPILE_DECODE=1`` compiles its decode steps)."""
     global _DEFAULT
     with _DEFAULT_LOCK:
         if _DEFAULT is None:
-            _DEFAULT = Engine(max_pool_bytes=_budget_from_environment())
+            _DEFAULT = Engine(max_pool_bytes=_budget_from_environment(), compile_decode=_compile_from_environment())
         return _DEFAULT
 
 
@@ -138,3 +147,11 @@ def _budget_from_environment() -> int:
     except ValueError:
         msg = f"{BUDGET_ENV_VAR} must be a whole number of bytes, got {value!r}"
         raise ValueError(msg) from None
+
+
+def _compile_from_environment() -> bool:
+    value = os.environ.get(COMPILE_ENV_VAR, "0").strip().lower()
+    if value not in ("0", "1", "false", "true", ""):
+        msg = f"{COMPILE_ENV_VAR} must be 1 (compiled decode steps) or 0 (eager), got {value!r}"
+        raise ValueError(msg)
+    return value in ("1", "true")

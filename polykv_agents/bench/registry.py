@@ -13,6 +13,7 @@ from polykv_agents.bench import (
     ablation,
     admission,
     agents,
+    compiled,
     dtypes,
     grammar_overhead,
     graph_e2e,
@@ -28,7 +29,7 @@ from polykv_agents.bench import (
 from polykv_agents.bench.suite import Suite
 
 _MODULES = (
-    memory, quality, speed, dtypes, weights, admission, ablation, peer, agents, graph_e2e, peers, load_soak,
+    memory, quality, speed, dtypes, weights, compiled, admission, ablation, peer, agents, graph_e2e, peers, load_soak,
     grammar_overhead, ray_scale_out,
 )  # fmt: skip
 SUITES: dict[str, Suite] = {module.SUITE.name: module.SUITE for module in _MODULES}

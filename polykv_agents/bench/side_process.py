@@ -10,6 +10,7 @@ life of a process).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -27,9 +28,16 @@ class SideProcessError(RuntimeError):
 
 
 def run_side(
-    script: Path, request: dict[str, Any], *, what: str, timeout_s: float, python: str = sys.executable
+    script: Path,
+    request: dict[str, Any],
+    *,
+    what: str,
+    timeout_s: float,
+    python: str = sys.executable,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run ``python script REQUEST.json RESULT.json`` on ``request``; the result it wrote.
+    """Run ``python script REQUEST.json RESULT.json`` on ``request``; the result it wrote. ``env``: variables
+    set in the child on top of this process's environment.
 
     Raises:
         SideProcessError: The process exited with an error (``what`` names it in the message).
@@ -41,6 +49,7 @@ def run_side(
         done = subprocess.run(
             [python, str(script), str(request_path), str(result_path)],
             capture_output=True, text=True, timeout=timeout_s, check=False,
+            env=None if env is None else {**os.environ, **env},
         )  # fmt: skip
         if done.returncode != 0:
             raise SideProcessError(what, done.returncode, done.stderr)

@@ -14,7 +14,7 @@ import atexit
 import logging
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -35,10 +35,14 @@ class SchedulerTable:
 
     Args:
         idle_seconds: Seconds a scheduler waits without work before it retires; ``None``: never.
+        compile_decode: Whether its schedulers compile their decode steps.
     """
 
-    def __init__(self, idle_seconds: float | None = SCHEDULER_IDLE_SECONDS) -> None:
+    def __init__(
+        self, idle_seconds: float | None = SCHEDULER_IDLE_SECONDS, *, compile_decode: bool | str | Callable = False
+    ) -> None:
         self.idle_seconds = idle_seconds
+        self.compile_decode = compile_decode
         self._lock = threading.Lock()
         # model -> {(pool digest, residency): scheduler}; a model that is gone takes its schedulers with it.
         self._schedulers: weakref.WeakKeyDictionary[PreTrainedModel, dict[tuple[str, str], BatchScheduler]] = (
@@ -90,7 +94,13 @@ class SchedulerTable:
                 return self._retire(model, key, scheduler)
 
             per_model[key] = BatchScheduler(
-                model, tokenizer, pool, residency=residency, on_idle=on_idle, idle_seconds=self.idle_seconds
+                model,
+                tokenizer,
+                pool,
+                residency=residency,
+                on_idle=on_idle,
+                idle_seconds=self.idle_seconds,
+                compile_decode=self.compile_decode,
             )
         return per_model[key]
 

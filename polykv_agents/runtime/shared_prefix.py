@@ -56,6 +56,10 @@ class SharedPrefix:
         single decoded layer when kept compressed (measured as layers are decoded)."""
         return self.resident_nbytes if self._layers is not None else self._peak_transient_nbytes
 
+    def layers(self) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """Every layer's keys and values when kept decoded; ``()`` when kept compressed."""
+        return self._layers or ()
+
     def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of one layer; callers only read them."""
         if self._layers is not None:

@@ -43,15 +43,20 @@ class _SuffixLayer(CacheLayerMixin):
             self._grow(needed)
         self.keys.scatter_(2, index, key_states)
         self.values.scatter_(2, index, value_states)
-        return self.keys[:, :, :needed], self.values[:, :, :needed]
+        rows = key_states.shape[0]  # a compiled step may have left padding rows after them (reserve)
+        return self.keys[:rows, :, :needed], self.values[:rows, :, :needed]
 
     def _grow(self, needed: int) -> None:
         # Grow in small steps, not by doubling: suffixes are short, and spare capacity is KV memory
         # held for every row of the batch.
-        capacity = -(-needed // _GROWTH) * _GROWTH
-        pad = capacity - self.keys.shape[-2]
-        self.keys = torch.nn.functional.pad(self.keys, (0, 0, 0, pad))
-        self.values = torch.nn.functional.pad(self.values, (0, 0, 0, pad))
+        self.reserve(self.keys.shape[0], -(-needed // _GROWTH) * _GROWTH)
+
+    def reserve(self, rows: int, capacity: int) -> None:
+        """Pad the tensors to at least ``rows`` rows and ``capacity`` slots (new ones are zeros)."""
+        pad_rows, pad_slots = max(0, rows - self.keys.shape[0]), max(0, capacity - self.keys.shape[-2])
+        if pad_rows or pad_slots:
+            self.keys = torch.nn.functional.pad(self.keys, (0, 0, 0, pad_slots, 0, 0, 0, pad_rows))
+            self.values = torch.nn.functional.pad(self.values, (0, 0, 0, pad_slots, 0, 0, 0, pad_rows))
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return int(self._owner.lengths.max()) + query_length, 0
@@ -67,7 +72,7 @@ class SuffixCache(Cache):
     """Batched per-agent suffixes for all decoder layers."""
 
     def __init__(self, num_layers: int, batch_size: int, *, capacity: int = _GROWTH) -> None:
-        self.capacity = capacity
+        self._initial_capacity = capacity
         self.lengths = torch.zeros(batch_size, dtype=torch.long)  # [B] slots filled per row
         self.starts = torch.zeros(batch_size, dtype=torch.long)  # [B] leading slots of left padding
         self._plan: tuple | None = None  # this step's write_plan, dropped whenever the rows change
@@ -76,6 +81,18 @@ class SuffixCache(Cache):
     @property
     def batch_size(self) -> int:
         return int(self.lengths.numel())
+
+    @property
+    def capacity(self) -> int:
+        """Slots each row has room for (the widest layer's)."""
+        return self._width()
+
+    def reserve(self, rows: int, capacity: int) -> None:
+        """Pad every layer to at least ``rows`` rows and ``capacity`` slots, so that a compiled step sees
+        the shapes it was built for; rows past :attr:`batch_size` are padding that no row reads."""
+        for layer in self.layers:
+            if layer.is_initialized:
+                layer.reserve(rows, capacity)
 
     def write_plan(self, shape: torch.Size, device: torch.device) -> tuple[int, torch.Tensor]:
         """``(slots needed, scatter index [B, KVH, q, D])`` for this step's new tokens ``shape``.
@@ -111,21 +128,22 @@ class SuffixCache(Cache):
     def concat(self, other: SuffixCache) -> None:
         """Append ``other``'s rows after this cache's rows."""
         width = max(self._width(), other._width())
+        rows, their_rows = self.batch_size, other.batch_size  # both may hold padding rows after theirs
         for mine, theirs in zip(self.layers, other.layers, strict=True):
             if not theirs.is_initialized:
                 continue
             if not mine.is_initialized:
                 mine.keys, mine.values = theirs.keys[:0], theirs.values[:0]  # no rows yet
                 mine.device, mine.is_initialized = theirs.device, True
-            mine.keys = torch.cat([_fit(mine.keys, width), _fit(theirs.keys, width)])
-            mine.values = torch.cat([_fit(mine.values, width), _fit(theirs.values, width)])
+            mine.keys = torch.cat([_fit(mine.keys[:rows], width), _fit(theirs.keys[:their_rows], width)])
+            mine.values = torch.cat([_fit(mine.values[:rows], width), _fit(theirs.values[:their_rows], width)])
         self.lengths = torch.cat([self.lengths, other.lengths])
         self.starts = torch.cat([self.starts, other.starts])
         self._plan = None
 
     def _width(self) -> int:
         initialized = [layer.keys.shape[-2] for layer in self.layers if layer.is_initialized]
-        return max(initialized, default=self.capacity)
+        return max(initialized, default=self._initial_capacity)
 
 
 def _fit(tensor: torch.Tensor, width: int) -> torch.Tensor:

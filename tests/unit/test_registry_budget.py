@@ -173,3 +173,14 @@ def test_the_default_engines_budget_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv(engine_module.BUDGET_ENV_VAR, "two gigabytes")
     with pytest.raises(ValueError, match="whole number of bytes"):
         engine_module._budget_from_environment()
+
+
+def test_compiled_decode_for_the_default_engine_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(engine_module.COMPILE_ENV_VAR, raising=False)
+    assert engine_module._compile_from_environment() is False
+    monkeypatch.setenv(engine_module.COMPILE_ENV_VAR, "1")
+    assert engine_module._compile_from_environment() is True
+    assert Engine(compile_decode=True).schedulers.compile_decode is True
+    monkeypatch.setenv(engine_module.COMPILE_ENV_VAR, "yes please")
+    with pytest.raises(ValueError, match=r"must be 1 .* or 0"):
+        engine_module._compile_from_environment()

@@ -170,3 +170,25 @@ def test_admission_suite_times_both_settings_for_each_running_count(tiny_model_d
     assert [p.name for p in SUITE.write(result, tmp_path)] == ["admission.json", "admission.md"]
     with pytest.raises(ValueError, match="must be below new_tokens"):
         AdmissionOptions(new_tokens=8, join_after=8)
+
+
+def test_compile_suite_measures_eager_and_compiled_steps_and_the_compile_cost(tiny_model_dir, tmp_path):
+    from polykv_agents.bench.compiled import SUITE, CompileOptions
+
+    options = CompileOptions(
+        model=tiny_model_dir, context_tokens=64, agents=2, weights=["native"], new_tokens=8, repetitions=1
+    )
+    result = SUITE.run(options, [].append)
+    speed = [r for r in result.rows if r["kind"] == "speed"]
+    assert [r["agents"] for r in speed] == [1, 2]
+    assert all(r["eager_ms_per_step"] > 0 and r["compiled_ms_per_step"] > 0 for r in speed)
+    cost = {r["cache"]: r["first_step_s"] for r in result.rows if r["kind"] == "compile"}
+    assert set(cost) == {"cold", "warm"} and all(seconds > 0 for seconds in cost.values())
+    (agreement,) = [r for r in result.rows if r["kind"] == "agreement"]
+    assert 0 <= agreement["identical_answers"] <= 2
+    rendered = SUITE.rendered(result)
+    assert "compile_decode=True" in rendered.blocks["compile"]
+    assert rendered.results[0] == "## The compiled decode step"
+    assert [p.name for p in SUITE.write(result, tmp_path)] == ["compile.json", "compile.md"]
+    with pytest.raises(ValueError, match="weights must be one of"):
+        CompileOptions(weights=["int9"])

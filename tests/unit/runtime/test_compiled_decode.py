@@ -1,0 +1,176 @@
+"""The compiled decode step: the same greedy tokens as eager on every family, padding rows that no row
+reads, and an automatic, logged fall back to eager when compiling fails.
+
+Most tests compile with dynamo's ``aot_eager`` backend: it captures the same graph Inductor would
+(static cache, padded rows, masks passed in, dynamic slot and document dimensions) and runs it
+through AOT autograd, without generating C++ (minutes on two cores for six families). One test per
+run generates real Inductor kernels, on the tiny Llama.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from tiny_models import FAMILIES, SLIDING_WINDOW, assert_pairwise_distinct, tiny_causal_lm, tiny_sensitive_llama
+
+from polykv_agents import CompressionConfig, Engine, GenerationSettings, PooledAgent, SharedKVPool
+from polykv_agents.runtime import compiled_decode
+from polykv_agents.runtime.compiled_decode import CAPACITY_STEP, batch_bucket
+from polykv_agents.runtime.suffix_cache import SuffixCache
+
+DOC = "Keys are quantised to eight bits; values use a rotated three-bit codebook."
+QUESTIONS = ("What do values use?", "Summarise it.", "Which part is rotated, and why would that matter?")
+NEW_TOKENS = 40
+"""Past the tiny sliding window: window masks over prefix and suffix are exercised in the graph."""
+
+
+@functools.cache
+def model_of(family: str):
+    return tiny_causal_lm(family)
+
+
+def _answers(engine: Engine, pool, model, tok, questions) -> list[list[int]]:
+    """Greedy answers of agents asking ``questions`` at once (one batch, rows of different lengths)."""
+    agent = PooledAgent(pool, model, tok, engine=engine)
+    settings = GenerationSettings(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    with ThreadPoolExecutor(len(questions)) as executor:
+        return list(executor.map(lambda q: list(agent.generate_ids(q, settings)), questions))
+
+
+def _schedulers(engine: Engine):
+    return [s for per_model in engine.schedulers._schedulers.values() for s in per_model.values()]
+
+
+def test_batch_buckets():
+    assert [batch_bucket(n) for n in (1, 2, 3, 4, 5, 9, 16, 17, 32)] == [1, 2, 4, 4, 8, 16, 16, 32, 32]
+    assert batch_bucket(33) is None
+
+
+def test_reserve_pads_rows_and_slots_and_rows_keep_their_tokens():
+    cache = SuffixCache(num_layers=1, batch_size=2, capacity=4)
+    new = torch.stack([torch.full((2, 3, 5), 1.0), torch.full((2, 3, 5), 2.0)])  # [2, KVH 2, 3 tokens, 5]
+    cache.update(new, new, 0)
+    cache.advance(3)
+    cache.reserve(4, 64)
+    assert cache.layers[0].keys.shape == (4, 2, 64, 5)
+    assert cache.capacity == 64 and cache.batch_size == 2
+    keys, _ = cache.update(torch.zeros(2, 2, 1, 5), torch.zeros(2, 2, 1, 5), 0)  # eager step on a padded cache
+    assert keys.shape == (2, 2, 4, 5)  # its own rows only
+    other = SuffixCache(num_layers=1, batch_size=1, capacity=4)
+    other.update(torch.full((1, 2, 2, 5), 3.0), torch.full((1, 2, 2, 5), 3.0), 0)
+    other.advance(2)
+    cache.advance(1)
+    cache.concat(other)  # the padding rows are not carried along
+    assert cache.batch_size == 3
+    assert cache.layers[0].keys.shape[0] == 3
+    assert cache.layers[0].keys[:, 0, 0, 0].tolist() == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compiled_steps_give_the_eager_greedy_tokens(family, tiny_tok):
+    """fp32, every family: three rows (a padded bucket of four) and one row (a bucket of one)."""
+    model = model_of(family)
+    pool = SharedKVPool.prefill(model, tiny_tok, DOC, config=CompressionConfig.full_precision())
+    eager, compiled = Engine(), Engine(compile_decode="aot_eager")
+    try:
+        expected = _answers(eager, pool, model, tiny_tok, QUESTIONS)
+        assert pool.num_tokens < SLIDING_WINDOW < len(expected[0]) + pool.num_tokens
+        assert _answers(compiled, pool, model, tiny_tok, QUESTIONS) == expected
+        assert _answers(compiled, pool, model, tiny_tok, QUESTIONS[:1]) == expected[:1]
+        decoders = [s.compiled for s in _schedulers(compiled)]
+        assert decoders and all(d is not None and d.failed is None for d in decoders)
+        assert {1, 4} <= set(decoders[0].compile_seconds)  # compiled, not run eager
+    finally:
+        eager.close()
+        compiled.close()
+
+
+def test_inductor_kernels_give_the_eager_greedy_tokens(tiny_tok):
+    """Real code generation (a C++ compiler is needed: where there is none, the fall back is tested below)."""
+    model = tiny_sensitive_llama(seed=3)
+    pool = SharedKVPool.prefill(model, tiny_tok, DOC * 3)
+    questions = [f"You are agent {'number ' * i}{i}. {q}" for i, q in enumerate(QUESTIONS)]
+    eager, compiled = Engine(), Engine(compile_decode=True)
+    try:
+        expected = _answers(eager, pool, model, tiny_tok, questions)
+        assert_pairwise_distinct(expected)
+        assert _answers(compiled, pool, model, tiny_tok, questions) == expected
+        (scheduler,) = _schedulers(compiled)
+        if scheduler.compiled.failed is not None:
+            pytest.skip(f"Inductor cannot compile here: {scheduler.compiled.failed}")
+        assert scheduler.compiled.compile_seconds
+    finally:
+        eager.close()
+        compiled.close()
+
+
+def test_suffix_longer_than_one_capacity_step_reuses_the_graph(tiny_tok):
+    """Slot capacity grows past CAPACITY_STEP mid-answer; the slot dimension is dynamic, so one graph serves."""
+    model = tiny_sensitive_llama(seed=4)
+    pool = SharedKVPool.prefill(model, tiny_tok, DOC)
+    settings = GenerationSettings(max_new_tokens=2 * CAPACITY_STEP, ignore_eos=True)
+    graphs, capacities = [], []
+
+    def counting_backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    original = compiled_decode.CompiledDecoder.step
+
+    def recording(self, ids, cache):
+        logits = original(self, ids, cache)
+        capacities.append(cache.capacity)
+        return logits
+
+    eager, compiled = Engine(), Engine(compile_decode=counting_backend)
+    try:
+        expected = list(PooledAgent(pool, model, tiny_tok, engine=eager).generate_ids("Go on.", settings))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(compiled_decode.CompiledDecoder, "step", recording)
+            answer = list(PooledAgent(pool, model, tiny_tok, engine=compiled).generate_ids("Go on.", settings))
+        assert answer == expected
+        assert len(set(capacities)) >= 2  # the capacity grew while compiled ...
+        assert len(graphs) == 1  # ... and the one graph served every capacity
+        (scheduler,) = _schedulers(compiled)
+        assert scheduler.compiled.failed is None
+    finally:
+        eager.close()
+        compiled.close()
+
+
+def test_a_failing_compiler_falls_back_to_eager_once_and_says_so(tiny_tok, caplog):
+    model = tiny_sensitive_llama(seed=5)
+    pool = SharedKVPool.prefill(model, tiny_tok, DOC)
+
+    def broken_backend(graph, example_inputs):
+        raise RuntimeError("no C++ compiler here")
+
+    eager, compiled = Engine(), Engine(compile_decode=broken_backend)
+    try:
+        expected = _answers(eager, pool, model, tiny_tok, QUESTIONS)
+        with caplog.at_level(logging.WARNING, logger="polykv_agents.runtime.compiled_decode"):
+            assert _answers(compiled, pool, model, tiny_tok, QUESTIONS) == expected
+            assert _answers(compiled, pool, model, tiny_tok, QUESTIONS[:1]) == expected[:1]
+        warnings = [r for r in caplog.records if "compiled decode step unavailable" in r.getMessage()]
+        assert len(warnings) == 1
+        assert "no C++ compiler here" in warnings[0].getMessage()
+    finally:
+        eager.close()
+        compiled.close()
+
+
+def test_a_compressed_prefix_runs_eager(tiny_tok):
+    model = tiny_sensitive_llama(seed=6)
+    pool = SharedKVPool.prefill(model, tiny_tok, DOC)
+    engine = Engine(compile_decode="aot_eager")
+    try:
+        agent = PooledAgent(pool, model, tiny_tok, engine=engine, runtime="compressed")
+        assert len(list(agent.generate_ids("Hi.", GenerationSettings(max_new_tokens=3, ignore_eos=True)))) == 3
+        (scheduler,) = _schedulers(engine)
+        assert scheduler.compiled is None
+    finally:
+        engine.close()
