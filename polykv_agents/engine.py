@@ -30,6 +30,7 @@ from polykv_agents.model.dtype import DtypeName
 from polykv_agents.model.loading import ModelCache
 from polykv_agents.model.weights import Weights
 from polykv_agents.pool.registry import DEFAULT_MAX_BYTES, PoolRegistry
+from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.runtime.backend import Backend, BatchedBackend, PrivateBackend, Runtime, check_runtime
 from polykv_agents.runtime.scheduler import SCHEDULER_IDLE_SECONDS
 from polykv_agents.runtime.scheduler_table import SchedulerTable
@@ -87,6 +88,19 @@ class Engine:
     def backend(self, runtime: Runtime) -> Backend:
         """The backend named ``runtime`` (``decompressed``, ``compressed`` or ``private``)."""
         return self._backends[check_runtime(runtime)]
+
+    def warm_up_decode(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        pool: SharedKVPool,
+        *,
+        buckets: tuple[int, ...] | None = None,
+    ) -> dict[int, float]:
+        """With ``compile_decode``: compile the batched decode step over ``pool`` now, for ``buckets`` of rows
+        (default: all), so that no call pays for compiling; the seconds each bucket took (``{}`` without
+        ``compile_decode``). The graphs are kept per model: other pools on the same model reuse them."""
+        return self.schedulers.scheduler_for(model, tokenizer, pool, "decompressed").warm_up(buckets)
 
     def close(self) -> None:
         """Stop this engine's schedulers and forget its pools and models (objects still held elsewhere live on)."""

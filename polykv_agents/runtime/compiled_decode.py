@@ -245,6 +245,22 @@ class CompiledDecoder:
         cache.advance(1)
         return logits[:rows]
 
+    def warm_up(self, buckets: tuple[int, ...] = BATCH_BUCKETS) -> dict[int, float]:
+        """Compile ``buckets`` now, each over a throwaway cache of dummy rows, so that no call pays for it;
+        returns the seconds each bucket's first step took (already-compiled buckets are skipped)."""
+        keys, values = self.prefix.layer(0)
+        for bucket in buckets:
+            if bucket in self.compile_seconds or self.failed is not None:
+                continue
+            cache = SuffixCache(self.prefix.pool.num_layers, bucket)
+            for layer in cache.layers:  # [Bb, KVH, 1, D] of zeros: only the shapes matter
+                layer.lazy_initialization(
+                    keys.new_zeros(bucket, keys.shape[1], 1, keys.shape[-1]),
+                    values.new_zeros(bucket, values.shape[1], 1, values.shape[-1]),
+                )
+            self.step(torch.zeros(bucket, 1, dtype=torch.long), cache)
+        return dict(self.compile_seconds)
+
     def _mark_dynamic(self, static: _StaticCache, context: _StaticContext) -> None:
         """One graph for every suffix capacity and document length: those dimensions of the cache, the
         prefix and the masks are symbolic (dynamo would otherwise compile again for each)."""

@@ -39,7 +39,7 @@ from polykv_agents.model.compat import cache_keyword
 from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.runtime.cascade_attention import CascadeContext, enable_cascade_attention
-from polykv_agents.runtime.compiled_decode import CompiledDecoder
+from polykv_agents.runtime.compiled_decode import BATCH_BUCKETS, CompiledDecoder
 from polykv_agents.runtime.request import DecodeRequest
 from polykv_agents.runtime.shared_prefix import Residency, SharedPrefix
 from polykv_agents.runtime.suffix_cache import SuffixCache
@@ -208,6 +208,14 @@ class BatchScheduler:
                 return False
             self._closed = True
             return True
+
+    def warm_up(self, buckets: tuple[int, ...] | None = None) -> dict[int, float]:
+        """Compile the decode step for ``buckets`` of rows now (default: every bucket), on the compute thread, so
+        that no call pays for it; the seconds each bucket took. Nothing to do (``{}``) without ``compile_decode``."""
+        if self.compiled is None:
+            return {}
+        chosen = BATCH_BUCKETS if buckets is None else buckets
+        return run_on_compute_thread(self.compiled.warm_up, tuple(b for b in chosen if b <= self.max_batch_size))
 
     def _wait_for_work(self) -> bool:
         """Block until there is work; ``False`` once closed or retired."""

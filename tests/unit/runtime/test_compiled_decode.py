@@ -174,3 +174,27 @@ def test_a_compressed_prefix_runs_eager(tiny_tok):
         assert scheduler.compiled is None
     finally:
         engine.close()
+
+
+def test_warm_up_compiles_ahead_so_calls_build_no_graph(tiny_tok):
+    model = tiny_sensitive_llama(seed=7)
+    pool = SharedKVPool.prefill(model, tiny_tok, DOC)
+    graphs = []
+
+    def counting_backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    eager, compiled = Engine(), Engine(compile_decode=counting_backend)
+    try:
+        assert eager.warm_up_decode(model, tiny_tok, pool) == {}  # nothing to compile
+        seconds = compiled.warm_up_decode(model, tiny_tok, pool, buckets=(1, 2, 4))  # every bucket 3 rows can meet
+        assert set(seconds) == {1, 2, 4} and len(graphs) == 3
+        expected = _answers(eager, pool, model, tiny_tok, QUESTIONS)
+        assert _answers(compiled, pool, model, tiny_tok, QUESTIONS[:1]) == expected[:1]
+        assert _answers(compiled, pool, model, tiny_tok, QUESTIONS) == expected
+        assert len(graphs) == 3  # the calls compiled nothing more
+        assert compiled.warm_up_decode(model, tiny_tok, pool, buckets=(1, 2, 4)) == seconds  # done once
+    finally:
+        eager.close()
+        compiled.close()
