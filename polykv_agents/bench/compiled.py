@@ -46,8 +46,21 @@ class CompileOptions(SuiteOptions):
     """Tokens each agent decodes per run."""
     repetitions: int = Field(default=5, ge=1)
     """Timed rounds after one warm-up round (median); each round runs eager and compiled in turn."""
+    backend: str = "inductor"
+    """``torch.compile`` backend of the compiled steps."""
     model: str | None = None
     """Local HF model dir or cached id; default: embedded."""
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        import torch
+
+        known = torch.compiler.list_backends(exclude_tags=())
+        if value not in known:
+            msg = f"backend must be one of {', '.join(sorted(known))}, got {value!r}"
+            raise ValueError(msg)
+        return value
 
     @field_validator("weights")
     @classmethod
@@ -117,7 +130,7 @@ def _speed_rows(weights: str, model, tokenizer, options: CompileOptions, progres
     settings = GenerationSettings(max_new_tokens=options.new_tokens, ignore_eos=True)
     engines = {
         "eager": Engine(scheduler_idle_seconds=None),
-        "compiled": Engine(scheduler_idle_seconds=None, compile_decode=True),
+        "compiled": Engine(scheduler_idle_seconds=None, compile_decode=options.backend),
     }
     rows, answers = [], {}
     try:
@@ -164,7 +177,12 @@ def _compile_rows(weights: str, options: CompileOptions) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as cache_dir:  # an empty compile cache, then the one it left
         for cache in ("cold", "warm"):
-            request = {"model": options.model, "weights": weights, "context_tokens": options.context_tokens}
+            request = {
+                "model": options.model,
+                "weights": weights,
+                "context_tokens": options.context_tokens,
+                "backend": options.backend,
+            }
             result = run_side(
                 COMPILE_SIDE,
                 request,
@@ -289,7 +307,7 @@ def main(request_path: str, result_path: str) -> None:
     from polykv_agents.sampling.settings import GenerationSettings
 
     request = json.loads(Path(request_path).read_text())
-    engine = Engine(scheduler_idle_seconds=None, compile_decode=True)
+    engine = Engine(scheduler_idle_seconds=None, compile_decode=request["backend"])
     model, tokenizer = engine.load_model(request["model"], weights=request["weights"])
     pool, roles = _pool_and_crew(model, tokenizer, request["context_tokens"], 1)
     (agent,) = _agents(pool, model, tokenizer, roles, engine)

@@ -175,9 +175,10 @@ def test_admission_suite_times_both_settings_for_each_running_count(tiny_model_d
 def test_compile_suite_measures_eager_and_compiled_steps_and_the_compile_cost(tiny_model_dir, tmp_path):
     from polykv_agents.bench.compiled import SUITE, CompileOptions
 
-    options = CompileOptions(
-        model=tiny_model_dir, context_tokens=64, agents=2, weights=["native"], new_tokens=8, repetitions=1
-    )
+    options = CompileOptions(  # aot_eager: the suite's plumbing, without minutes of C++ compilation
+        model=tiny_model_dir, context_tokens=64, agents=2, weights=["native"], new_tokens=8, repetitions=1,
+        backend="aot_eager",
+    )  # fmt: skip
     result = SUITE.run(options, [].append)
     speed = [r for r in result.rows if r["kind"] == "speed"]
     assert [r["agents"] for r in speed] == [1, 2]
@@ -192,3 +193,5 @@ def test_compile_suite_measures_eager_and_compiled_steps_and_the_compile_cost(ti
     assert [p.name for p in SUITE.write(result, tmp_path)] == ["compile.json", "compile.md"]
     with pytest.raises(ValueError, match="weights must be one of"):
         CompileOptions(weights=["int9"])
+    with pytest.raises(ValueError, match="backend must be one of"):
+        CompileOptions(backend="gcc")

@@ -72,7 +72,7 @@ def test_reserve_pads_rows_and_slots_and_rows_keep_their_tokens():
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_compiled_steps_give_the_eager_greedy_tokens(family, tiny_tok):
-    """fp32, every family: three rows (a padded bucket of four) and one row (a bucket of one)."""
+    """fp32, every family: three rows, a padded bucket of four (one row alone: the Llama tests below)."""
     model = model_of(family)
     pool = SharedKVPool.prefill(model, tiny_tok, DOC, config=CompressionConfig.full_precision())
     eager, compiled = Engine(), Engine(compile_decode="aot_eager")
@@ -80,10 +80,9 @@ def test_compiled_steps_give_the_eager_greedy_tokens(family, tiny_tok):
         expected = _answers(eager, pool, model, tiny_tok, QUESTIONS)
         assert pool.num_tokens < SLIDING_WINDOW < len(expected[0]) + pool.num_tokens
         assert _answers(compiled, pool, model, tiny_tok, QUESTIONS) == expected
-        assert _answers(compiled, pool, model, tiny_tok, QUESTIONS[:1]) == expected[:1]
         decoders = [s.compiled for s in _schedulers(compiled)]
         assert decoders and all(d is not None and d.failed is None for d in decoders)
-        assert {1, 4} <= set(decoders[0].compile_seconds)  # compiled, not run eager
+        assert 4 in decoders[0].compile_seconds  # compiled, not run eager
     finally:
         eager.close()
         compiled.close()
