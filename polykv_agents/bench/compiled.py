@@ -158,9 +158,7 @@ def _speed_rows(weights: str, model, tokenizer, options: CompileOptions, progres
             answers[mode] = _greedy_answers(
                 _agents(pool, model, tokenizer, roles, engine), questions, options.new_tokens
             )
-        (scheduler,) = [
-            s for per_model in engines["compiled"].schedulers._schedulers.values() for s in per_model.values()
-        ]
+        (scheduler,) = engines["compiled"].schedulers.live()
         failed = scheduler.compiled.failed
     finally:
         for engine in engines.values():
@@ -312,7 +310,7 @@ def main(request_path: str, result_path: str) -> None:
     pool, roles = _pool_and_crew(model, tokenizer, request["context_tokens"], 1)
     (agent,) = _agents(pool, model, tokenizer, roles, engine)
     list(agent.generate_ids(roles[0][1], GenerationSettings(max_new_tokens=3, ignore_eos=True)))
-    (scheduler,) = [s for per_model in engine.schedulers._schedulers.values() for s in per_model.values()]
+    (scheduler,) = engine.schedulers.live()
     if scheduler.compiled.failed is not None:
         raise SystemExit(f"compiling failed: {scheduler.compiled.failed}")
     Path(result_path).write_text(json.dumps({"first_step_s": scheduler.compiled.compile_seconds[1]}))

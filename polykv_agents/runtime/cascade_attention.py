@@ -126,14 +126,18 @@ class CascadeContext:
         prefix tokens each query sees in a sliding-window layer; ``None`` when every query sees all of them."""
 
         def build() -> torch.Tensor | None:
-            positions = self.query_positions(q_len).to(device)  # [B, q]
-            if window is None or int(positions.max()) - window < 0:
+            if window is None or int(self.query_positions(q_len).max()) - window < 0:
                 return None  # no query is a whole window past the first prefix token
-            tokens = torch.arange(self.prefix.num_tokens, device=device)
-            visible = tokens.view(1, 1, -1) > (positions - window).unsqueeze(-1)  # [B, q, T]
-            return _grouped(visible, groups).reshape(1, 1, -1, self.prefix.num_tokens)
+            return self.prefix_window_mask(q_len, groups, device, window)
 
         return self._cached(("prefix", q_len, groups, device, window), build)
+
+    def prefix_window_mask(self, q_len: int, groups: int, device: torch.device, window: int) -> torch.Tensor:
+        """:meth:`prefix_mask` for a ``window``, built even where every query sees every prefix token."""
+        positions = self.query_positions(q_len).to(device)  # [B, q]
+        tokens = torch.arange(self.prefix.num_tokens, device=device)
+        visible = tokens.view(1, 1, -1) > (positions - window).unsqueeze(-1)  # [B, q, T]
+        return _grouped(visible, groups).reshape(1, 1, -1, self.prefix.num_tokens)
 
     def additive(self, mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
         """``mask`` as the fused kernel wants it: 0 where visible, -inf elsewhere, in ``dtype``."""

@@ -36,7 +36,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from polykv_agents.model.compat import cache_keyword
-from polykv_agents.runtime.cascade_attention import CascadeContext, _grouped
+from polykv_agents.runtime.cascade_attention import CascadeContext
 from polykv_agents.runtime.shared_prefix import SharedPrefix
 from polykv_agents.runtime.suffix_cache import SuffixCache
 
@@ -113,8 +113,6 @@ class _StaticContext(CascadeContext):
         device: torch.device,
     ) -> None:
         super().__init__(prefix, past_lengths, starts)
-        positions = self.query_positions(1).to(device)  # [Bb, 1]
-        tokens = torch.arange(prefix.num_tokens, device=device)
         self._static: dict[tuple[str, int | None], torch.Tensor | None] = {}
         for window in windows:
             suffix = CascadeContext.suffix_mask(self, capacity, 1, groups, device, window)
@@ -123,8 +121,7 @@ class _StaticContext(CascadeContext):
             if window is None:
                 self._static["prefix", window] = self._static["prefix+", window] = None
             else:  # always built: whether a query is past a whole window is data, not shape
-                visible = tokens.view(1, 1, -1) > (positions - window).unsqueeze(-1)  # [Bb, 1, T]
-                prefix_mask = _grouped(visible, groups).reshape(1, 1, -1, prefix.num_tokens)
+                prefix_mask = self.prefix_window_mask(1, groups, device, window)
                 self._static["prefix", window] = prefix_mask
                 self._static["prefix+", window] = CascadeContext.additive(self, prefix_mask, dtype)
 
@@ -204,6 +201,9 @@ class CompiledDecoder:
         self._groups = model.config.get_text_config().num_attention_heads // kv_heads
         self._windows = attention_windows(model)
         self._compiled = compiled_forward(model, backend)
+        for keys, values in prefix.layers():  # one graph for every document length (marked once: they stay)
+            torch._dynamo.mark_dynamic(keys, 2)
+            torch._dynamo.mark_dynamic(values, 2)
 
     def step(self, ids: torch.Tensor, cache: SuffixCache) -> torch.Tensor | None:
         """One token per row: ``ids [B, 1]`` over ``cache``'s rows; logits ``[B, vocab]``, or ``None`` when
@@ -264,15 +264,12 @@ class CompiledDecoder:
         return dict(self.compile_seconds)
 
     def _mark_dynamic(self, static: _StaticCache, context: _StaticContext) -> None:
-        """One graph for every suffix capacity and document length: those dimensions of the cache, the
-        prefix and the masks are symbolic (dynamo would otherwise compile again for each)."""
+        """One graph for every suffix capacity and document length: those dimensions of this step's cache and
+        masks are symbolic (dynamo would otherwise compile again for each; the prefix is marked once)."""
         for layer in static.layers:
             torch._dynamo.mark_dynamic(layer.keys, 2)
             torch._dynamo.mark_dynamic(layer.values, 2)
         for mask in context.suffix_masks():
             torch._dynamo.mark_dynamic(mask, 3)
-        for keys, values in self.prefix.layers():
-            torch._dynamo.mark_dynamic(keys, 2)
-            torch._dynamo.mark_dynamic(values, 2)
         for mask in context.prefix_masks():
             torch._dynamo.mark_dynamic(mask, 3)

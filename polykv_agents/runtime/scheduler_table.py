@@ -58,6 +58,11 @@ class SchedulerTable:
     def __repr__(self) -> str:
         return f"SchedulerTable(live={len(self)}, idle_seconds={self.idle_seconds})"
 
+    def live(self) -> list[BatchScheduler]:
+        """The schedulers alive now (benchmarks and tests read their counters)."""
+        with self._lock:
+            return [s for per_model in self._schedulers.values() for s in per_model.values()]
+
     def scheduler_for(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pool: SharedKVPool, residency: Residency
     ) -> BatchScheduler:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -42,7 +43,18 @@ def _answers(engine: Engine, pool, model, tok, questions) -> list[list[int]]:
 
 
 def _schedulers(engine: Engine):
-    return [s for per_model in engine.schedulers._schedulers.values() for s in per_model.values()]
+    return engine.schedulers.live()
+
+
+def _counting_backend() -> tuple[Callable, list]:
+    """A torch.compile backend that runs each graph as captured, and the list of graphs it was given."""
+    graphs = []
+
+    def backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    return backend, graphs
 
 
 def test_batch_buckets():
@@ -112,11 +124,8 @@ def test_suffix_longer_than_one_capacity_step_reuses_the_graph(tiny_tok):
     model = tiny_sensitive_llama(seed=4)
     pool = SharedKVPool.prefill(model, tiny_tok, DOC)
     settings = GenerationSettings(max_new_tokens=2 * CAPACITY_STEP, ignore_eos=True)
-    graphs, capacities = [], []
-
-    def counting_backend(graph, example_inputs):
-        graphs.append(graph)
-        return graph.forward
+    counting_backend, graphs = _counting_backend()
+    capacities = []
 
     original = compiled_decode.CompiledDecoder.step
 
@@ -178,11 +187,7 @@ def test_a_compressed_prefix_runs_eager(tiny_tok):
 def test_warm_up_compiles_ahead_so_calls_build_no_graph(tiny_tok):
     model = tiny_sensitive_llama(seed=7)
     pool = SharedKVPool.prefill(model, tiny_tok, DOC)
-    graphs = []
-
-    def counting_backend(graph, example_inputs):
-        graphs.append(graph)
-        return graph.forward
+    counting_backend, graphs = _counting_backend()
 
     eager, compiled = Engine(), Engine(compile_decode=counting_backend)
     try:
@@ -194,6 +199,27 @@ def test_warm_up_compiles_ahead_so_calls_build_no_graph(tiny_tok):
         assert _answers(compiled, pool, model, tiny_tok, QUESTIONS) == expected
         assert len(graphs) == 3  # the calls compiled nothing more
         assert compiled.warm_up_decode(model, tiny_tok, pool, buckets=(1, 2, 4)) == seconds  # done once
+    finally:
+        eager.close()
+        compiled.close()
+
+
+def test_documents_of_other_lengths_reuse_the_graph(tiny_tok):
+    """The document's length is a dynamic dimension too: a second pool, longer, builds no second graph."""
+    model = tiny_sensitive_llama(seed=8)
+    pools = [SharedKVPool.prefill(model, tiny_tok, DOC * n) for n in (1, 3)]
+    assert pools[0].num_tokens != pools[1].num_tokens
+    counting_backend, graphs = _counting_backend()
+    settings = GenerationSettings(max_new_tokens=4, ignore_eos=True)
+    eager, compiled = Engine(), Engine(compile_decode=counting_backend)
+    try:
+        for pool in pools:
+            expected = list(PooledAgent(pool, model, tiny_tok, engine=eager).generate_ids("Go on.", settings))
+            assert (
+                list(PooledAgent(pool, model, tiny_tok, engine=compiled).generate_ids("Go on.", settings)) == expected
+            )
+        assert len(graphs) == 1
+        assert all(s.compiled.failed is None for s in _schedulers(compiled))
     finally:
         eager.close()
         compiled.close()
