@@ -92,9 +92,9 @@ def test_with_quantized_weights_the_pool_is_the_same_and_the_agent_still_answers
     """weights="int8"/"int4" on the real model: every linear layer swapped, one pool digest with the native
     model, and the agent answers the task from the pool its own model built."""
     model, tokenizer = smollm
-    # In bf16, as dtype="auto" runs on this machine: PyTorch's int4 kernel with fp32 activations is about 100x
-    # slower than with bf16 ones here (minutes for this test); fp32 activations are covered by the layer tests.
-    quantized = copy.deepcopy(model).to(torch.bfloat16)
+    # The fp32 model (the tests' dtype): its int4 layers run the kernel in bf16, whose fp32 path is about 100x
+    # slower (this test took minutes on it).
+    quantized = copy.deepcopy(model)
     assert quantize_weights(quantized, weights) == 30 * 7 + 1  # q, k, v, o, gate, up, down per layer + output
     pool = SharedKVPool.prefill(quantized, tokenizer, chat_document)
     assert pool.digest == compressed_pool.digest

@@ -46,31 +46,40 @@ def test_int8_keeps_leading_dimensions_and_the_activation_dtype():
 
 
 def test_int4_represents_weights_on_a_4_bit_grid_exactly():
-    """Weights already 4-bit per group of 32 (scale * code + min, as GGUF's Q4_1 stores them) come back exact."""
+    """Weights already 4-bit per group of 32 (``(code - 8) * scale + zero``, tinygemm's form of GGUF's Q4_1) come
+    back exact when bf16 holds the scale, the zero and every weight, as an fp32 model's int4 layer stores
+    and computes in bf16."""
     torch.manual_seed(0)
     n, k = 32, 96
     codes = torch.randint(0, 16, (n, k // INT4_GROUP_SIZE, INT4_GROUP_SIZE)).float()
     codes[..., 0], codes[..., 1] = 0, 15  # every group spans the whole grid, as a quantizer's groups do
-    scale = torch.rand(n, k // INT4_GROUP_SIZE, 1) * 0.01 + 0.001
-    low = torch.randn(n, k // INT4_GROUP_SIZE, 1) * 0.05
+    scale = 2.0 ** -torch.randint(7, 11, (n, k // INT4_GROUP_SIZE, 1)).float()
+    zero = torch.randint(-30, 31, (n, k // INT4_GROUP_SIZE, 1)).float() * scale * 8  # few significant bits
     linear = _linear(n, k)
-    linear.weight.data = (codes * scale + low).view(n, k)
+    linear.weight.data = ((codes - 8) * scale + zero).view(n, k)
     layer = Int4Linear(linear)
+    assert layer.compute_dtype is torch.bfloat16
     identity = torch.eye(k)
-    torch.testing.assert_close(layer(identity).T, linear.weight.data, rtol=0, atol=1e-6)
+    torch.testing.assert_close(layer(identity).T, linear.weight.data, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("rows", [1, 40])
 def test_int4_stays_within_half_a_group_step_of_any_weight(rows):
+    """Within half a step of its group's grid, plus bf16's rounding (an fp32 model's int4 layer computes in
+    bf16: its kernel's fp32 path is about 100x slower)."""
     linear = _linear(64, 128, bias=True, seed=1)
     layer = Int4Linear(linear)
     dequantized = layer(torch.eye(128)).T - linear.bias[:, None]  # [N, K]
     groups = linear.weight.detach().view(64, -1, INT4_GROUP_SIZE)
     step = (groups.amax(-1) - groups.amin(-1)) / 15  # [N, K/32]
+    bf16_rounding = 2.0**-8 * 2 * groups.abs().amax(-1)  # of the zero and of the output, relative 2^-9 each
     error = (dequantized - linear.weight).abs().view(64, -1, INT4_GROUP_SIZE).amax(-1)
-    assert torch.all(error <= 0.5 * step + 1e-6)
+    assert torch.all(error <= 0.5 * step + bf16_rounding)
     x = torch.randn(rows, 128)
-    torch.testing.assert_close(layer(x), x @ dequantized.T + linear.bias, rtol=1e-4, atol=1e-4)
+    out = layer(x)
+    assert out.dtype is torch.float32  # the model's dtype, whatever the kernel ran in
+    expected = x.bfloat16().float() @ dequantized.T + linear.bias
+    torch.testing.assert_close(out, expected, rtol=1e-2, atol=5e-3)
 
 
 @pytest.mark.parametrize("layer_type", [Int8Linear, Int4Linear])
