@@ -100,6 +100,8 @@ class Engine:
         """With ``compile_decode``: compile the batched decode step over ``pool`` now, for ``buckets`` of rows
         (default: all), so that no call pays for compiling; the seconds each bucket took (``{}`` without
         ``compile_decode``). The graphs are kept per model: other pools on the same model reuse them."""
+        if not self.schedulers.compile_decode:
+            return {}  # and no scheduler started before a call needs one
         return self.schedulers.scheduler_for(model, tokenizer, pool, "decompressed").warm_up(buckets)
 
     def close(self) -> None:

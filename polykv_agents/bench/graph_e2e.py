@@ -149,14 +149,15 @@ def run_graph(graph, engine: RecordingEngine, document: str, roles: list[str]) -
 
 
 def graphs_under_test(
-    workflow: ModuleType, max_tokens: int, weights: Weights = "native"
+    workflow: ModuleType, max_tokens: int, weights: Weights = "native", compile_decode: bool = False
 ) -> dict[str, tuple[Any, RecordingEngine]]:
-    """Method -> (compiled graph, its recording engine): the same chat settings (``weights`` among them) for both."""
+    """Method -> (compiled graph, its recording engine): the same chat settings (``weights`` among them) and
+    engine settings (``compile_decode``) for both."""
     from polykv_agents.chat.chat_model import ChatPolyKV
 
     built = {}
     for method, prefetch in (("pooled", PinnedPlanPrefetch), ("reprefill", PinnedPlanReprefill)):
-        engine = RecordingEngine()
+        engine = RecordingEngine(compile_decode=compile_decode)
         chat = ChatPolyKV(max_tokens=max_tokens, ignore_eos=True, engine=engine, weights=weights)
         built[method] = (workflow.build_graph(prefetch=prefetch(chat, engine=engine, plan=equal_plan)), engine)
     return built

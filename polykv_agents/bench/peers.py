@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, FilePath, field_validator
+from pydantic import Field, FilePath, field_validator, model_validator
 
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress, SuiteResult
@@ -61,11 +61,28 @@ class PeersOptions(SuiteOptions):
     weights: list[str] = Field(default=["native"], min_length=1)
     """How our model stores its weights (native, int8, int4), one set of our rows each (repeatable); llama.cpp
     replays the calls of the first."""
+    compiled: list[str] = Field(default=[])
+    """Weights settings (of ``--weights``) measured once more with the compiled decode step (repeatable), its
+    compilation done in the warm-up, as the prefetch node does it once per process; its seconds are reported."""
 
-    @field_validator("weights")
+    @field_validator("weights", "compiled")
     @classmethod
     def _known_weights(cls, value: list[str]) -> list[str]:
         return [check_weights(weights) for weights in value]
+
+    @model_validator(mode="after")
+    def _compiled_among_weights(self) -> PeersOptions:
+        missing = [w for w in self.compiled if w not in self.weights]
+        if missing:
+            msg = (
+                f"--compiled {missing[0]} needs --weights {missing[0]} too: it adds compiled rows to a weights setting"
+            )
+            raise ValueError(msg)
+        return self
+
+    def variants(self) -> list[tuple[str, bool]]:
+        """Our settings, ``(weights, compiled)``, in the order they are measured."""
+        return [(w, compiled) for w in self.weights for compiled in (False, True) if not compiled or w in self.compiled]
 
 
 def _llamacpp(request: dict[str, Any], timeout_s: float = 3600) -> dict[str, Any]:
@@ -89,12 +106,16 @@ def _tokens_per_s(tokens: int, seconds: float) -> float:
     return tokens / seconds
 
 
-def our_method(weights: str) -> str:
-    """The method name of our rows with ``weights``."""
-    return "polykv_agents (one pool)" + ("" if weights == "native" else f", {weights} weights")
+def our_method(weights: str, compiled: bool = False) -> str:
+    """The method name of our rows with ``weights``, and the compiled decode step or not."""
+    return (
+        "polykv_agents (one pool)"
+        + ("" if weights == "native" else f", {weights} weights")
+        + (", compiled decode" if compiled else "")
+    )
 
 
-def _ours_probe(model, tokenizer, document: str, context: int, decode_tokens: int) -> tuple[dict, dict]:
+def _ours_probe(model, tokenizer, document: str, context: int, decode_tokens: int, compiled: bool) -> tuple[dict, dict]:
     """Our figures outside the graph, and the token ids llama.cpp's probe reads (the same ones)."""
     import torch
 
@@ -115,7 +136,8 @@ def _ours_probe(model, tokenizer, document: str, context: int, decode_tokens: in
         return time.perf_counter() - started
 
     prefill_s = median_after_warmup(1, prefill_seconds)
-    engine = Engine(scheduler_idle_seconds=None)
+    engine = Engine(scheduler_idle_seconds=None, compile_decode=compiled)
+    engine.warm_up_decode(model, tokenizer, pool)  # with compiled: the graph engine's model has its graphs
     roles = role_prompts(AGENTS)
     agents = [PooledAgent(pool, model, tokenizer, system_prompt=r, engine=engine) for r, _ in roles]
     questions = [q for _, q in roles]
@@ -185,7 +207,6 @@ def run_peers(options: PeersOptions, progress: Progress = lambda _: None) -> Sui
     from polykv_agents.bench.rss import PeakRss
     from polykv_agents.bench.suite import load_model_for
     from polykv_agents.bench.workflows import load_workflow
-    from polykv_agents.engine import load_model
     from polykv_agents.eval.corpus import pydoc_documents
     from polykv_agents.model.loading import embedded_model_file
 
@@ -196,29 +217,33 @@ def run_peers(options: PeersOptions, progress: Progress = lambda _: None) -> Sui
     roles = [*workflow.ROLE_PROMPTS, "procurement", "quality", "audit", "strategy", "data"][:AGENTS]
     text = pydoc_documents(1, chars_per_document=60_000)[0]
     graphs = {
-        weights: graphs_under_test(workflow, options.max_tokens, weights)["pooled"] for weights in options.weights
+        variant: graphs_under_test(workflow, options.max_tokens, *variant)["pooled"] for variant in options.variants()
     }
     progress("warm-up")
-    for graph, engine in graphs.values():
+    warm_up_s = {}
+    for variant, (graph, engine) in graphs.items():
+        started = time.perf_counter()
         run_graph(graph, engine, _document(tokenizer, text, 256, run=-1), roles[:3])
+        # With the compiled step, the prefetch node compiled every batch bucket (cold or from the Inductor cache).
+        warm_up_s[variant] = time.perf_counter() - started
     rows: list[dict[str, Any]] = []
     run_index = 0
     for context in options.contexts:
         recorded = {}
-        for weights, (graph, engine) in graphs.items():
+        for (weights, compiled), (graph, engine) in graphs.items():
             runs = []
             for _ in range(options.repetitions):
                 run_index += 1
-                progress(f"context {context}: polykv_agents review ({weights} weights), run {run_index}")
+                progress(f"context {context}: {our_method(weights, compiled)} review, run {run_index}")
                 with PeakRss() as rss:
                     document = _document(tokenizer, text, context, 1000 + run_index)
-                    run, recorded[weights] = run_graph(graph, engine, document, roles)
+                    run, recorded[weights, compiled] = run_graph(graph, engine, document, roles)
                 runs.append((run, rss.peak_bytes))
-            progress(f"context {context}: polykv_agents probe ({weights} weights)")
+            progress(f"context {context}: {our_method(weights, compiled)} probe")
             with PeakRss() as rss:
                 ours, probe = _ours_probe(
-                    load_model(None, weights=weights)[0], tokenizer, _document(tokenizer, text, context, 0), context,
-                    options.max_tokens,
+                    engine.load_model(None, weights=weights)[0], tokenizer, _document(tokenizer, text, context, 0),
+                    context, options.max_tokens, compiled,
                 )  # fmt: skip
             median_run = sorted(runs, key=lambda r: r[0].wall_s)[len(runs) // 2]
             review = {
@@ -228,11 +253,11 @@ def run_peers(options: PeersOptions, progress: Progress = lambda _: None) -> Sui
                 "output_tokens": median_run[0].output_tokens,
             }
             rows.append(
-                _row(context, our_method(weights), review, ours, rss_peak_bytes=max(max(p for _, p in runs),
+                _row(context, our_method(weights, compiled), review, ours, rss_peak_bytes=max(max(p for _, p in runs),
                      rss.peak_bytes), kv_bytes=ours["kv_bytes"], kv_bytes_resident=ours["kv_bytes_resident"],
-                     weights=weights)
+                     weights=weights, compiled_decode=compiled, warm_up_s=warm_up_s[weights, compiled])
             )  # fmt: skip
-        calls = recorded[options.weights[0]]
+        calls = recorded[options.weights[0], False]
         replay = [{"node": c.node, "input_ids": c.input_ids, "output_tokens": c.output_tokens} for c in calls]
         n_ctx = max(len(c["input_ids"]) for c in replay) + options.max_tokens + 64
         llama_probe = {k: probe[k] for k in ("document_ids", "prompt_ids", "other_prompt_ids", "decode_tokens")}
@@ -283,6 +308,7 @@ def run_peers(options: PeersOptions, progress: Progress = lambda _: None) -> Sui
             "llama_server": options.llama_server is not None,
             "compression_documents": options.compression_documents,
             "weights": list(options.weights),
+            "compiled": list(options.compiled),
             "continuation_tokens": CONTINUATION_TOKENS,
         },
         rows=rows,
@@ -372,6 +398,13 @@ def readme_blocks(result: SuiteResult) -> dict[str, str]:
             f"| {cell(r, 'decode_tok_s', '{:.1f}')} / {cell(r, 'decode_tok_s_15', '{:.1f}')} "
             f"| {cell(r, 'prefill_tok_s', '{:.0f}')} | {r['rss_peak_bytes'] / 2**20:,.0f} MiB |"
         )
+    compiled = [r for r in engines if r.get("compiled_decode") and r["context_tokens"] == engines[0]["context_tokens"]]
+    for r in compiled:
+        lines += [
+            "",
+            f"{r['method']}: the warm-up review (a 256-token document, 3 roles), in which the prefetch node compiled "
+            f"the decode step for every batch bucket, took {r['warm_up_s']:.0f} s, once per process.",
+        ]
     largest = max(r["context_tokens"] for r in engines)
     lines += ["", f"Where each side stands at {largest:,} tokens (the winner of each measure, and by how much):", ""]
     lines += winners_lines([r for r in engines if r["context_tokens"] == largest])
@@ -391,7 +424,10 @@ SUITE = TableSuite(
     "llama.cpp (llama-cpp-python, llama-server) against the pooled review, side by side: same GGUF, prompts, work.",
     PeersOptions,
     _measure,
-    command="polykv-agents bench peers --llama-server LLAMA_SERVER --weights native --weights int8 --weights int4",
+    command=(
+        "polykv-agents bench peers --llama-server LLAMA_SERVER --weights native --weights int8 --weights int4 "
+        "--compiled int8"
+    ),
     blocks=readme_blocks,
     reproduce=(),  # needs the [peers] extra and a llama-server binary: benchmarks/run_all.sh runs it when given one
 )

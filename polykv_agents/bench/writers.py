@@ -224,8 +224,14 @@ def _mib(key: str):
     return lambda r: "—" if r.get(key) is None else f"{r[key] / MIB:,.0f}"
 
 
+def _our_setting(row: dict) -> str:
+    """What is not the default in one of our rows: ``"int8 weights"``, ``"int8 weights, compiled decode"``, ``""``."""
+    parts = [] if row.get("weights", "native") == "native" else [f"{row['weights']} weights"]
+    return ", ".join(parts + (["compiled decode"] if row.get("compiled_decode") else []))
+
+
 def winners_lines(rows: list[dict]) -> list[str]:
-    """Per context and measure: our best figure (with the weights setting that gave it, when not native), the best
+    """Per context and measure: our best figure (with the settings that gave it, when not the defaults), the best
     peer's, and who wins (the table says so where a peer does)."""
     measures = (
         ("review wall", "review_wall_s", min),
@@ -249,9 +255,9 @@ def winners_lines(rows: list[dict]) -> list[str]:
                 continue
             ours = best(candidates, key=lambda r, key=key: r[key])
             peer = best(measured, key=lambda p, key=key: p[key])
-            setting = ours.get("weights", "native")
+            setting = _our_setting(ours)
             show = (
-                _value(key, ours[key]) + ("" if setting == "native" else f" ({setting} weights)"),
+                _value(key, ours[key]) + (f" ({setting})" if setting else ""),
                 _value(key, peer[key]),
             )
             we_win = best(ours[key], peer[key]) == ours[key]

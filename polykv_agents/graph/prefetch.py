@@ -112,6 +112,10 @@ class PrefetchDocument:
         pool = self.engine.pools.get_or_build(
             model, tokenizer, self.document_messages(state), config=self.config, store=self.store
         )
+        if self.chat.runtime == "decompressed":
+            # With the engine's compile_decode: compile the role calls' decode step here, once per model (later
+            # runs skip it), so that no role call pays for it. Without it: nothing to do.
+            self.engine.warm_up_decode(model, tokenizer, pool)
         return {self.pool_key: PoolHandle.from_pool(pool, store_dir=store_dir)}
 
     def pooled_chat(self, state: Mapping[str, Any], chat: ChatPolyKV | None = None) -> Runnable:

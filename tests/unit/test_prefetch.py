@@ -100,3 +100,32 @@ def test_the_baseline_builds_nothing_and_prefills_the_document_on_every_call(tin
     assert usage["input_tokens"] == pooled_reply.usage_metadata["input_tokens"]
     with pytest.raises(ValueError, match="no pooled model"):
         baseline.pooled_model(state)
+
+
+def test_with_a_compiling_engine_the_prefetch_node_compiles_so_role_calls_do_not(tiny_model_dir):
+    """engine.warm_up_decode runs in the prefetch node: the role calls after it, and later runs, build no graph."""
+    graphs = []
+
+    def counting_backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    engine = Engine(compile_decode=counting_backend)
+    try:
+        prefetch = PrefetchDocument(ChatPolyKV(model=tiny_model_dir, max_tokens=5), engine=engine)
+        state = {"document": DOC, **prefetch({"document": DOC})}
+        compiled = len(graphs)
+        assert compiled > 0
+
+        def role_call(i: int):
+            return prefetch.invoke_role(
+                state, f"role{i}", [SystemMessage(f"You are analyst {i}."), HumanMessage("Go.")]
+            )
+
+        with ThreadPoolExecutor(3) as executor:
+            replies = list(executor.map(role_call, range(3)))
+        assert all(r.usage_metadata["output_tokens"] > 0 for r in replies)
+        prefetch({"document": DOC + " A second run."})
+        assert len(graphs) == compiled
+    finally:
+        engine.close()

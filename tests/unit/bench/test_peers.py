@@ -86,6 +86,27 @@ def test_the_winners_lines_take_our_best_setting_per_measure_and_name_it():
     assert "| 20.000 s |" in lines["review wall"] and "polykv_agents, 1.2x" in lines["review wall"]
     assert "| 50.0 (int4 weights) |" in lines["single-stream decode tok/s"]
     assert "polykv_agents, 1.2x" in lines["single-stream decode tok/s"]
+    rows.append(
+        _row(
+            2048,
+            "polykv_agents (one pool), int8 weights, compiled decode",
+            weights="int8",
+            compiled_decode=True,
+            decode_tok_s=60.0,
+        )
+    )
+    lines = {line.split(" | ")[1]: line for line in winners_lines(rows)[2:]}
+    assert "| 60.0 (int8 weights, compiled decode) |" in lines["single-stream decode tok/s"]
+
+
+def test_compiled_rows_are_added_to_weights_settings_that_are_measured():
+    from polykv_agents.bench.peers import PeersOptions, our_method
+
+    options = PeersOptions(weights=["native", "int8"], compiled=["int8"])
+    assert options.variants() == [("native", False), ("int8", False), ("int8", True)]
+    assert our_method("int8", compiled=True) == "polykv_agents (one pool), int8 weights, compiled decode"
+    with pytest.raises(ValueError, match="--compiled int4 needs --weights int4 too"):
+        PeersOptions(weights=["native"], compiled=["int4"])
 
 
 def test_write_peers_writes_its_table_plot_and_the_servers_prompt_cache_line(tmp_path):
