@@ -57,6 +57,10 @@ class GraphE2EOptions(SuiteOptions):
     """Timed runs per context after one warm-up."""
     graphs: Path = LANGGRAPH_JSON
     """The langgraph.json that lists graphs/document_review.py."""
+    weights: Weights = "native"
+    """How the model stores its weights, for both graphs (native, int8, int4)."""
+    compile_decode: bool = False
+    """Both graphs' engines compile their decode steps (compiled in the warm-up run's prefetch node)."""
 
 
 class StageCalls(BaseModel):
@@ -174,7 +178,7 @@ def run_graph_e2e(options: GraphE2EOptions, progress: Progress = lambda _: None)
     model, tokenizer = load_model_for(None)  # the graphs' chat model loads the same embedded model
     roles = [*workflow.ROLE_PROMPTS, *EXTRA_ROLES][: options.roles]
     text = pydoc_documents(1, chars_per_document=60_000)[0]
-    graphs = graphs_under_test(workflow, options.max_tokens)
+    graphs = graphs_under_test(workflow, options.max_tokens, options.weights, options.compile_decode)
     progress("warm-up")
     for graph, engine in graphs.values():  # load, first forward passes, scheduler thread
         run_graph(graph, engine, _document(tokenizer, text, 256, run=-1), roles[:3])
@@ -199,6 +203,8 @@ def run_graph_e2e(options: GraphE2EOptions, progress: Progress = lambda _: None)
         "roles": len(roles),
         "max_tokens": options.max_tokens,
         "repetitions": options.repetitions,
+        "weights": options.weights,
+        "compile_decode": options.compile_decode,
         "warmup_runs": 1,
         "document": "pydoc_data.topics (CPython), first 60k characters, cut to the context length",
     }
@@ -237,9 +243,14 @@ def results_lines(result: GraphE2EResult) -> list[str]:
     lines = [
         "## End to end: the document-review graph",
         "",
-        "Produced by `polykv-agents bench graph_e2e --context 2048 --context 4096`.",
+        "Produced by `polykv-agents bench graph_e2e --context 2048 --context 4096"
+        + (f" --weights {meta['weights']}" if meta.get("weights", "native") != "native" else "")
+        + (" --compile-decode true" if meta.get("compile_decode") else "")
+        + "`.",
         "",
-        f"Machine: {meta['machine']}, torch {meta['torch']}. Model: {meta['model']} ({meta['dtype']}). "
+        f"Machine: {meta['machine']}, torch {meta['torch']}. Model: {meta['model']} ({meta['dtype']}, "
+        f"{meta.get('weights', 'native')} weights{', compiled decode steps' if meta.get('compile_decode') else ''}"
+        "). "
         f"{meta['roles']} roles: planner (typed plan, pinned to the same plan for both methods), specialists in "
         "parallel, critic, "
         f"summarizer; every free-text answer decodes exactly {meta['max_tokens']} tokens (EOS ignored). Calls and "

@@ -24,13 +24,14 @@ from polykv_agents.bench import (
     quality,
     ray_scale_out,
     speed,
+    step_profile,
     weights,
 )
 from polykv_agents.bench.suite import Suite
 
 _MODULES = (
-    memory, quality, speed, dtypes, weights, compiled, admission, ablation, peer, agents, graph_e2e, peers, load_soak,
-    grammar_overhead, ray_scale_out,
+    memory, quality, speed, dtypes, weights, compiled, step_profile, admission, ablation, peer, agents, graph_e2e,
+    peers, load_soak, grammar_overhead, ray_scale_out,
 )  # fmt: skip
 SUITES: dict[str, Suite] = {module.SUITE.name: module.SUITE for module in _MODULES}
 """Suite name -> suite (a documented registry: filled once, here, never changed at run time)."""
