@@ -10,11 +10,12 @@ docs/ARCHITECTURE.md.
 from __future__ import annotations
 
 from polykv_agents.agent import PooledAgent
-from polykv_agents.chat.chat_model import ChatPolyKV
+from polykv_agents.chat.chat_model import ChatPolyKV, ToolCallCutError
 from polykv_agents.config import CodecConfig, CompressionConfig
 from polykv_agents.engine import Engine, default_engine, load_model
 from polykv_agents.graph.prefetch import PrefetchDocument
 from polykv_agents.model.compute_thread import run_on_compute_thread
+from polykv_agents.model.device import DeviceNotAvailableError
 from polykv_agents.model.fingerprint import ModelFingerprint
 from polykv_agents.model.loading import DEFAULT_MODEL, ModelNotFoundError
 from polykv_agents.pool import MemoryReport, PoolHandle, PoolStore, SharedKVPool
@@ -25,6 +26,7 @@ __all__ = [
     "ChatPolyKV",
     "CodecConfig",
     "CompressionConfig",
+    "DeviceNotAvailableError",
     "Engine",
     "GenerationSettings",
     "MemoryReport",
@@ -35,6 +37,7 @@ __all__ = [
     "PooledAgent",
     "PrefetchDocument",
     "SharedKVPool",
+    "ToolCallCutError",
     "default_engine",
     "load_model",
     "run_on_compute_thread",

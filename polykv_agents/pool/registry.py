@@ -37,7 +37,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -52,6 +52,9 @@ from polykv_agents.pool.shared_pool import SharedKVPool, pool_digest
 from polykv_agents.pool.store import PoolStore
 
 logger = logging.getLogger(__name__)
+
+PoolOrigin = Literal["built", "store", "given"]
+"""How a pool came into a registry: prefilled there, loaded from a store, or registered as an object."""
 
 DEFAULT_MAX_BYTES = 2 * 1024**3
 """Budget of the default engine's registry: 2 GiB of pools (about 65 SmolLM2-135M pools of 4K tokens)."""
@@ -80,6 +83,7 @@ class PoolRegistry:
         self._in_flight: dict[str, Future[SharedKVPool]] = {}
         self._build_count = 0
         self._builds_by_digest: dict[str, int] = {}
+        self._origins: dict[str, PoolOrigin] = {}
         self._evictions = 0
         self._max_bytes: int | None = None
         self.max_bytes = max_bytes
@@ -106,7 +110,14 @@ class PoolRegistry:
             msg = f"pool must be a SharedKVPool, got {type(pool).__name__}; build one with SharedKVPool.prefill(...)"
             raise TypeError(msg)
         with self._lock:
+            self._origins[pool.digest] = "given"
             self._register(pool)
+
+    def origin(self, digest: str) -> PoolOrigin | None:
+        """How pool ``digest`` last came into this registry: ``built`` (prefilled here), ``store`` (loaded from a
+        store) or ``given`` (registered as an object); ``None`` if it never did."""
+        with self._lock:
+            return self._origins.get(digest)
 
     def discard(self, digest: str) -> None:
         """Forget pool ``digest`` (freeing its memory once no agent holds it); nothing happens if it is unknown.
@@ -350,9 +361,13 @@ class PoolRegistry:
         def produce() -> SharedKVPool:
             if store is not None:
                 try:
-                    return store.load(digest)
+                    pool = store.load(digest)
                 except FileNotFoundError:  # no saved copy: build one
                     pass
+                else:
+                    with self._lock:
+                        self._origins[digest] = "store"
+                    return pool
             if build is None:
                 where = "no store was given" if store is None else f"no saved copy is in {store.directory}"
                 msg = (
@@ -416,6 +431,7 @@ class PoolRegistry:
         with self._lock:
             self._build_count += 1
             self._builds_by_digest[pool.digest] = self._builds_by_digest.get(pool.digest, 0) + 1
+            self._origins[pool.digest] = "built"
         if pool.digest != tokenized.digest:  # the model changed between computing the digest and the prefill
             logger.warning("model %s changed during the build; pool registered under its new digest", model)
         if store is not None:

@@ -10,6 +10,7 @@ A call never writes the pool: every backend decodes into caches of its own.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 from polykv_agents.runtime.backend import Backend
@@ -31,9 +32,12 @@ def generate_token_ids(request: DecodeRequest, backend: Backend) -> Iterator[int
     tokens = backend.decode(request, budget)
     try:
         for token in tokens:
+            if stats.first_token_at is None:
+                stats.first_token_at = time.monotonic()
             stats.output_tokens += 1
             yield token
     finally:
+        stats.finished_at = time.monotonic()
         tokens.close()  # cancels a scheduled request / frees a private cache at once
 
 

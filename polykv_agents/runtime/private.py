@@ -11,6 +11,7 @@ attention the batched runtime does not implement
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import torch
@@ -20,7 +21,7 @@ from transformers.cache_utils import Cache
 from polykv_agents.model.compat import forward_with_cache, new_dynamic_cache
 from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.runtime.request import DecodeRequest
-from polykv_agents.sampling.settings import choose_token, eos_token_ids, token_constraint
+from polykv_agents.sampling.settings import choose_token, eos_token_ids, repetition_history, token_constraint
 
 
 @torch.inference_mode()
@@ -39,11 +40,14 @@ def private_tokens(request: DecodeRequest, budget: int) -> Iterator[int]:
     eos_ids = eos_token_ids(model, tokenizer)
     generator = settings.make_generator()
     constraint = token_constraint(model, tokenizer, settings)
+    history = repetition_history(settings, request.prompt_ids)
 
     def next_token(ids: torch.Tensor, position: int) -> tuple[int | None, str | None]:
         # Forward and sampling (a softmax over the vocabulary) together: one job on the compute thread per token.
+        if stats.started_at is None:  # the compute thread took this call's prompt: its queue ends here
+            stats.started_at = time.monotonic()
         logits = _forward_last(model, ids, cache, position)
-        return choose_token(logits, settings, generator, constraint, eos_ids)
+        return choose_token(logits, settings, generator, constraint, eos_ids, history)
 
     ids, position = request.prompt_ids, request.start_position  # [n] at positions T .. T+n-1
     for _ in range(budget):

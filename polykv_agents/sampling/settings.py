@@ -1,13 +1,16 @@
 """Decoding settings and the pure per-step pieces: choosing the next token.
 
 ``GenerationSettings`` is validated once per call; ``next_token`` turns one position's logits
-``[vocab]`` into a token id (greedy at temperature 0, else temperature + nucleus sampling from a
-seeded generator, so a seed reproduces a sample).
+``[vocab]`` into a token id: a repetition penalty first (if set), then greedy at temperature 0, else
+temperature, top-k, min-p and nucleus (top-p) filtering and a draw from a seeded generator, so a seed
+reproduces a sample. The order is transformers' (penalty, temperature, top-k, top-p, min-p): the same
+settings mean the same thing as in ``model.generate``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -28,6 +31,15 @@ class GenerationSettings(BaseModel):
     """0 means greedy decoding (deterministic)."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches ``top_p``."""
+    top_k: int = Field(default=0, ge=0)
+    """Sample among the ``top_k`` most likely tokens only; 0 keeps them all."""
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Drop tokens less likely than ``min_p`` times the most likely one; 0 keeps them all."""
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    """transformers' repetition penalty (CTRL's): the logit of every token already in this call's prompt or
+    answer is divided by it when positive, multiplied when negative; 1 leaves logits alone. It applies to
+    greedy decoding too. The pooled document is not counted: it is shared by every agent, and penalizing its
+    words would push answers away from the document they are about."""
     seed: int | None = None
     """Seed of the sampling generator; ``None`` draws one from torch's global generator."""
     stop: tuple[str, ...] = ()
@@ -87,32 +99,58 @@ class GenerationSettings(BaseModel):
         return generator
 
 
+def repetition_history(settings: GenerationSettings, prompt_ids: torch.Tensor) -> set[int] | None:
+    """The token ids a repetition penalty looks at, starting with the prompt's (``None``: no penalty, nothing
+    to track); :func:`choose_token` adds each token it chooses."""
+    if settings.repetition_penalty == 1.0:
+        return None
+    return set(prompt_ids.tolist())
+
+
+def penalize_repetitions(logits: torch.Tensor, seen: set[int], penalty: float) -> torch.Tensor:
+    """transformers' ``RepetitionPenaltyLogitsProcessor`` on ``logits [vocab]``: a new tensor (the runtime's
+    logits are inference tensors, which cannot be changed in place outside inference mode)."""
+    ids = torch.tensor(sorted(seen), dtype=torch.long, device=logits.device)
+    ids = ids[ids < logits.shape[-1]]
+    chosen = logits[ids]
+    return logits.index_put((ids,), torch.where(chosen > 0, chosen / penalty, chosen * penalty))
+
+
 def next_token(
     logits: torch.Tensor,
     settings: GenerationSettings,
     generator: torch.Generator | None,
     constraint: TokenConstraint | None = None,
+    history: set[int] | None = None,
 ) -> int:
     """Pick the next token from ``logits [vocab]``; with a ``constraint``, only among the tokens its
-    grammar allows (the logits are masked in place)."""
+    grammar allows, and with a ``history``, after the repetition penalty (the logits are changed in place)."""
     if constraint is not None:
         constraint.mask_(logits)
+    if history:
+        logits = penalize_repetitions(logits, history, settings.repetition_penalty)
     if settings.temperature == 0.0 or generator is None:
         return int(logits.argmax())
     # Shift by the max first: dividing raw logits by a tiny temperature would overflow to inf/NaN.
     logits = logits.float()
     probs = torch.softmax((logits - logits.max()) / settings.temperature, dim=-1).cpu()
+    if 0 < settings.top_k < probs.numel():
+        threshold = probs.topk(settings.top_k).values[-1]
+        probs = torch.where(probs >= threshold, probs, 0.0)
+        probs = probs / probs.sum()  # top-p reads the mass of what top-k kept
     if settings.top_p < 1.0:
         sorted_probs, order = probs.sort(descending=True)
         # Keep a token if the mass *before* it is still below top_p (so the top token always stays).
         keep = (sorted_probs.cumsum(0) - sorted_probs) < settings.top_p
         probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_probs[keep])
+    if settings.min_p > 0.0:
+        probs = torch.where(probs >= settings.min_p * probs.max(), probs, 0.0)
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
 @dataclass
 class GenerationStats:
-    """What one call used, filled in as it runs (the chat model's usage metadata)."""
+    """What one call used and when, filled in as it runs (the chat model's usage and response metadata)."""
 
     prompt_tokens: int
     """New tokens run through the model for this call (role prompt, question, ...)."""
@@ -121,6 +159,25 @@ class GenerationStats:
     output_tokens: int = 0
     finish_reason: Literal["stop", "length"] | None = None
     """``stop``: EOS or a stop sequence; ``length``: the token budget ran out."""
+    created_at: float = field(default_factory=time.monotonic)
+    """When the call was made (``time.monotonic``), as are the times below."""
+    started_at: float | None = None
+    """When the runtime began its prompt (a batch row was free, or the compute thread took it)."""
+    first_token_at: float | None = None
+    finished_at: float | None = None
+
+    def seconds(self) -> dict[str, float | None]:
+        """Where the call's time went: ``queue_s`` (waiting for a row), ``prefill_s`` (its prompt, to the first
+        token), ``decode_s`` (the other tokens); ``None`` for a stage it did not reach."""
+
+        def between(start: float | None, end: float | None) -> float | None:
+            return None if start is None or end is None else end - start
+
+        return {
+            "queue_s": between(self.created_at, self.started_at),
+            "prefill_s": between(self.started_at, self.first_token_at),
+            "decode_s": between(self.first_token_at, self.finished_at),
+        }
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
@@ -150,11 +207,15 @@ def choose_token(
     generator: torch.Generator | None,
     constraint: TokenConstraint | None,
     eos_ids: frozenset[int],
+    history: set[int] | None = None,
 ) -> tuple[int | None, Literal["stop"] | None]:
     """One decode step's outcome, shared by the batched scheduler and the private loop:
     ``(token to deliver or None, "stop" when the answer ends here or None)``. EOS ends the answer
-    (unless ignored) and is not delivered; a grammar that is complete ends it after its last token."""
-    token = next_token(logits, settings, generator, constraint)
+    (unless ignored) and is not delivered; a grammar that is complete ends it after its last token.
+    The chosen token joins ``history`` (:func:`repetition_history`)."""
+    token = next_token(logits, settings, generator, constraint, history)
+    if history is not None:
+        history.add(token)
     if token in eos_ids and not settings.ignore_eos:
         return None, "stop"
     if constraint is not None:

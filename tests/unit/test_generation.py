@@ -155,3 +155,28 @@ def test_tiny_temperature_acts_like_greedy() -> None:
     logits = torch.tensor([0.0, 10.0, 20.0])
     settings = GenerationSettings(temperature=1e-38, seed=0)
     assert next_token(logits, settings, settings.make_generator()) == 2
+
+
+def test_the_repetition_penalty_is_transformers_processor():
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    from polykv_agents.sampling.settings import penalize_repetitions
+
+    torch.manual_seed(0)
+    logits, seen = torch.randn(50), {3, 7, 11, 42}
+    expected = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([sorted(seen)]), logits.clone()[None])[0]
+    with torch.inference_mode():  # as the runtime's logits are
+        inference_logits = logits.clone()
+    ours = penalize_repetitions(inference_logits, seen, 1.3)
+    assert torch.equal(ours, expected) and not torch.equal(ours, logits)
+
+
+@pytest.mark.parametrize(("setting", "allowed"), [({"top_k": 3}, {0, 1, 2}), ({"min_p": 0.75}, {0, 1})])
+def test_top_k_and_min_p_draw_only_what_they_keep(setting, allowed):
+    """Probabilities 0.30, 0.25, 0.20, then 25 tokens of 0.01: top_k=3 keeps the first three, min_p=0.75 the
+    tokens at least three quarters as likely as the first."""
+    probs = torch.tensor([0.30, 0.25, 0.20] + [0.01] * 25)
+    settings = GenerationSettings(temperature=1.0, seed=0, **setting)
+    generator = settings.make_generator()
+    drawn = {next_token(probs.log(), settings, generator) for _ in range(300)}
+    assert drawn == allowed

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Literal
 
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
 from pydantic import BaseModel, Field
 
-from polykv_agents import SharedKVPool, load_model
+from polykv_agents import SharedKVPool, ToolCallCutError, load_model
 from polykv_agents.chat.chat_model import ChatPolyKV, _BoundTools
 from polykv_agents.chat.messages import to_chat_messages
 from polykv_agents.prompting.tool_calls import (
@@ -122,11 +122,37 @@ def test_streaming_sends_the_calls_whole_never_as_text(chat):
     check_calls(message, names=("Add",))
 
 
-def test_a_call_cut_by_max_tokens_stays_text(chat):
-    message = chat.bind_tools(TOOLS, tool_choice="any").invoke("Add 2 and 3.", max_tokens=4)
-    assert message.tool_calls == []
-    assert message.content.startswith("<")
-    assert message.response_metadata["finish_reason"] == "length"
+@pytest.mark.parametrize("max_tokens", [2, 24])  # inside the opening tag (5 tokens here), then after it
+def test_a_forced_call_cut_by_max_tokens_is_an_error_never_text(chat, max_tokens):
+    with pytest.raises(
+        ToolCallCutError, match=f"still open when max_tokens={max_tokens} ran out: '<.*Raise max_tokens"
+    ):
+        chat.bind_tools(TOOLS, tool_choice="any").invoke("Add 2 and 3.", max_tokens=max_tokens)
+
+
+@pytest.mark.parametrize(
+    "decoded",
+    [
+        '<tool_call>{"name": "Add", "arguments": {"a": 2, "b": ',
+        "<tool_c",
+        '<tool_call>{"name": "Add", "arguments": {}}',
+    ],
+)
+def test_under_auto_a_call_cut_by_max_tokens_is_an_invalid_tool_call_never_text(decoded):
+    """What reaches the user after LangChain merges the chunks: the cut call (in its tag, or inside the tag
+    itself) is an invalid_tool_calls entry; the merge must not complete it into a call with missing arguments."""
+    from langchain_core.language_models.chat_models import generate_from_stream
+    from langchain_core.outputs import ChatGenerationChunk
+
+    from polykv_agents.chat.chat_model import _tool_calls_chunk
+
+    tools = _BoundTools.from_kwargs({"tools": format_tools(TOOLS), "tool_choice": "auto"}, parallel_default=False)
+    chunk, finish_reason, cut = _tool_calls_chunk(decoded, "length", tools, max_tokens=12)
+    last = ChatGenerationChunk(message=AIMessageChunk(content="", chunk_position="last"))
+    message = generate_from_stream(iter([chunk, last])).generations[0].message
+    assert message.content == "" and message.tool_calls == [] and cut and finish_reason == "length"
+    (invalid,) = message.invalid_tool_calls
+    assert invalid["args"] == decoded.strip() and invalid["name"] == ("Add" if '"Add"' in decoded else None)
 
 
 def test_parsing_reads_each_call_as_json_and_keeps_a_cut_tail_apart():
