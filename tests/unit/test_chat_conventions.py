@@ -173,3 +173,17 @@ def test_response_metadata_names_the_provider_where_the_time_went_and_where_the_
         assert 0 <= first[seconds] < 60, seconds
     saved.unlink()  # the store lost its copy: the call rebuilds the pool from its document
     assert metadata(Engine())["pool_source"] == "built"
+
+
+def test_configurable_fields_set_a_setting_per_run(tiny_model_dir):
+    """The README's init_chat_model-style configuration: a field made configurable is set per run by config."""
+    from langchain_core.runnables import ConfigurableField
+
+    chat = ChatPolyKV(model=tiny_model_dir, max_tokens=8, ignore_eos=True).configurable_fields(
+        max_tokens=ConfigurableField(id="max_tokens", name="Max tokens")
+    )
+    assert chat.invoke(MESSAGES).usage_metadata["output_tokens"] == 8
+    configured = chat.invoke(MESSAGES, config={"configurable": {"max_tokens": 3}})
+    assert configured.usage_metadata["output_tokens"] == 3
+    with pytest.raises(ValueError, match="no setting 'max_new_tokens'"):
+        chat.with_config(configurable={"max_tokens": 3}).invoke(MESSAGES, max_new_tokens=2)
