@@ -124,7 +124,7 @@ def next_token(
     history: set[int] | None = None,
 ) -> int:
     """Pick the next token from ``logits [vocab]``; with a ``constraint``, only among the tokens its
-    grammar allows, and with a ``history``, after the repetition penalty (the logits are changed in place)."""
+    grammar allows (it masks the logits in place), and with a ``history``, after the repetition penalty."""
     if constraint is not None:
         constraint.mask_(logits)
     if history:
