@@ -95,7 +95,11 @@ def timed(fn):
     return result, time.perf_counter() - started
 
 
-def _answers(agents: list[PooledAgent], questions: list[str], settings: GenerationSettings, *, parallel: bool):
+def answer_all(
+    agents: list[PooledAgent], questions: list[str], settings: GenerationSettings, *, parallel: bool = True
+) -> list[list[int]]:
+    """Each agent's answer (token ids) to its question: all at once on threads (one batch), or one by one."""
+
     def answer(i: int) -> list[int]:
         return list(agents[i].generate_ids(questions[i], settings))
 
@@ -105,9 +109,28 @@ def _answers(agents: list[PooledAgent], questions: list[str], settings: Generati
         return list(executor.map(answer, range(len(agents))))
 
 
+def pool_and_roles(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, context_tokens: int, agents: int
+) -> tuple[SharedKVPool, list[tuple[str, str]]]:
+    """A pool of the first ``context_tokens`` tokens of a pydoc_data.topics document, and ``agents`` roles
+    (system prompt, question)."""
+    from polykv_agents.eval.corpus import pydoc_documents
+    from polykv_agents.model.compute_thread import run_on_compute_thread
+
+    (document,) = pydoc_documents(1, chars_per_document=8 * context_tokens)
+    ids = tokenizer(document, return_tensors="pt").input_ids[0][:context_tokens]
+    pool = run_on_compute_thread(SharedKVPool.prefill_tokens, model, tokenizer, ids)
+    return pool, role_prompts(agents)
+
+
+def pooled_agents(pool, model, tokenizer, roles: list[tuple[str, str]], engine) -> list[PooledAgent]:
+    """One agent per role over ``pool``, on ``engine``."""
+    return [PooledAgent(pool, model, tokenizer, system_prompt=role, engine=engine) for role, _ in roles]
+
+
 def run_batched(agents: list[PooledAgent], questions: list[str], settings: GenerationSettings) -> tuple[int, float]:
     """``(tokens, seconds)`` of the agents answering at once."""
-    answers, seconds = timed(lambda: _answers(agents, questions, settings, parallel=True))
+    answers, seconds = timed(lambda: answer_all(agents, questions, settings, parallel=True))
     return sum(map(len, answers)), seconds
 
 
@@ -156,7 +179,7 @@ def run_agents_bench(
         engine = Engine(scheduler_idle_seconds=None)  # fresh: its scheduler decodes the prefix inside the run
         try:
             cold = agents_on(engine)
-            return timed(lambda: _answers(cold, questions, settings, parallel=True))
+            return timed(lambda: answer_all(cold, questions, settings, parallel=True))
         finally:
             engine.close()
 
@@ -169,8 +192,8 @@ def run_agents_bench(
 
     methods: dict[str, Callable[[], tuple[list[list[int]], float]]] = {
         "batched_cold": batched_cold,
-        "batched_warm": lambda: timed(lambda: _answers(warm, questions, settings, parallel=True)),
-        "sequential": lambda: timed(lambda: _answers(warm, questions, settings, parallel=False)),
+        "batched_warm": lambda: timed(lambda: answer_all(warm, questions, settings, parallel=True)),
+        "sequential": lambda: timed(lambda: answer_all(warm, questions, settings, parallel=False)),
         "naive": naive,
     }
     samples: dict[str, list[float]] = {name: [] for name in methods}

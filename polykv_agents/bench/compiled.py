@@ -77,36 +77,6 @@ class CompileResult(BaseModel):
     rows: list[dict[str, Any]]
 
 
-def _pool_and_crew(model, tokenizer, context_tokens: int, agents: int):
-    from polykv_agents.bench.agents import role_prompts
-    from polykv_agents.eval.corpus import pydoc_documents
-    from polykv_agents.model.compute_thread import run_on_compute_thread
-    from polykv_agents.pool.shared_pool import SharedKVPool
-
-    (document,) = pydoc_documents(1, chars_per_document=8 * context_tokens)
-    ids = tokenizer(document, return_tensors="pt").input_ids[0][:context_tokens]
-    pool = run_on_compute_thread(SharedKVPool.prefill_tokens, model, tokenizer, ids)
-    return pool, role_prompts(agents)
-
-
-def _agents(pool, model, tokenizer, roles, engine):
-    from polykv_agents.agent import PooledAgent
-
-    return [PooledAgent(pool, model, tokenizer, system_prompt=role, engine=engine) for role, _ in roles]
-
-
-def _greedy_answers(crew, questions, new_tokens: int) -> list[list[int]]:
-    from concurrent.futures import ThreadPoolExecutor
-
-    from polykv_agents.sampling.settings import GenerationSettings
-
-    settings = GenerationSettings(max_new_tokens=new_tokens)
-    with ThreadPoolExecutor(len(crew)) as executor:
-        return list(
-            executor.map(lambda pair: list(pair[0].generate_ids(pair[1], settings)), zip(crew, questions, strict=True))
-        )
-
-
 def _interleaved_medians(measures: dict[str, Callable[[], float]], repetitions: int) -> dict[str, float]:
     """Median of each measure over ``repetitions`` rounds, after one warm-up round (which absorbs the
     compilations); every round runs each measure once, in turn, so a slow phase of the machine weighs on
@@ -121,11 +91,12 @@ def _interleaved_medians(measures: dict[str, Callable[[], float]], repetitions: 
 
 
 def _speed_rows(weights: str, model, tokenizer, options: CompileOptions, progress: Progress) -> list[dict]:
+    from polykv_agents.bench.agents import answer_all, pool_and_roles, pooled_agents
     from polykv_agents.bench.step_costs import step_intervals_ms
     from polykv_agents.engine import Engine
     from polykv_agents.sampling.settings import GenerationSettings
 
-    pool, roles = _pool_and_crew(model, tokenizer, options.context_tokens, options.agents)
+    pool, roles = pool_and_roles(model, tokenizer, options.context_tokens, options.agents)
     questions = [q for _, q in roles]
     settings = GenerationSettings(max_new_tokens=options.new_tokens, ignore_eos=True)
     engines = {
@@ -135,7 +106,9 @@ def _speed_rows(weights: str, model, tokenizer, options: CompileOptions, progres
     rows, answers = [], {}
     try:
         for count in (1, options.agents):
-            crews = {mode: _agents(pool, model, tokenizer, roles[:count], engine) for mode, engine in engines.items()}
+            crews = {
+                mode: pooled_agents(pool, model, tokenizer, roles[:count], engine) for mode, engine in engines.items()
+            }
             progress(f"{weights}: {count} agent(s), eager and compiled in turn")
             ms = _interleaved_medians(
                 {
@@ -155,9 +128,8 @@ def _speed_rows(weights: str, model, tokenizer, options: CompileOptions, progres
                 }
             )
         for mode, engine in engines.items():
-            answers[mode] = _greedy_answers(
-                _agents(pool, model, tokenizer, roles, engine), questions, options.new_tokens
-            )
+            crew = pooled_agents(pool, model, tokenizer, roles, engine)
+            answers[mode] = answer_all(crew, questions, GenerationSettings(max_new_tokens=options.new_tokens))
         (scheduler,) = engines["compiled"].schedulers.live()
         failed = scheduler.compiled.failed
     finally:
@@ -301,14 +273,15 @@ SUITE = CompileSuite()
 
 def main(request_path: str, result_path: str) -> None:
     """Side process: load the model, build the pool, and time one agent's first compiled decode step."""
+    from polykv_agents.bench.agents import pool_and_roles, pooled_agents
     from polykv_agents.engine import Engine
     from polykv_agents.sampling.settings import GenerationSettings
 
     request = json.loads(Path(request_path).read_text())
     engine = Engine(scheduler_idle_seconds=None, compile_decode=request["backend"])
     model, tokenizer = engine.load_model(request["model"], weights=request["weights"])
-    pool, roles = _pool_and_crew(model, tokenizer, request["context_tokens"], 1)
-    (agent,) = _agents(pool, model, tokenizer, roles, engine)
+    pool, roles = pool_and_roles(model, tokenizer, request["context_tokens"], 1)
+    (agent,) = pooled_agents(pool, model, tokenizer, roles, engine)
     list(agent.generate_ids(roles[0][1], GenerationSettings(max_new_tokens=3, ignore_eos=True)))
     (scheduler,) = engine.schedulers.live()
     if scheduler.compiled.failed is not None:

@@ -85,20 +85,22 @@ def profile_rows(model, tokenizer, pool, roles, *, agents: int, new_tokens: int)
     """One configuration's profile: agents decode ``new_tokens`` each at once, profiled after a warm-up run."""
     from torch.profiler import ProfilerActivity, profile
 
-    from polykv_agents.bench.compiled import _agents, _greedy_answers
+    from polykv_agents.bench.agents import answer_all, pooled_agents
     from polykv_agents.engine import Engine
     from polykv_agents.model.compute_thread import run_on_compute_thread
+    from polykv_agents.sampling.settings import GenerationSettings
 
     engine = Engine(scheduler_idle_seconds=None)
     try:
-        crew = _agents(pool, model, tokenizer, roles[:agents], engine)
+        crew = pooled_agents(pool, model, tokenizer, roles[:agents], engine)
         questions = [q for _, q in roles[:agents]]
-        _greedy_answers(crew, questions, new_tokens)  # warm-up: first steps, thread start
+        settings = GenerationSettings(max_new_tokens=new_tokens)
+        answer_all(crew, questions, settings)  # warm-up: first steps, thread start
         # The profiler records the operators of the thread that starts it: the compute thread, where steps run.
         profiler = profile(activities=[ProfilerActivity.CPU])
         run_on_compute_thread(profiler.__enter__)
         try:
-            _greedy_answers(crew, questions, new_tokens)
+            answer_all(crew, questions, settings)
         finally:
             run_on_compute_thread(profiler.__exit__, None, None, None)
     finally:
@@ -125,7 +127,7 @@ def profile_rows(model, tokenizer, pool, roles, *, agents: int, new_tokens: int)
 
 
 def run_profile(options: ProfileOptions, progress: Progress = lambda _: None) -> ProfileResult:
-    from polykv_agents.bench.compiled import _pool_and_crew
+    from polykv_agents.bench.agents import pool_and_roles
     from polykv_agents.engine import load_model
 
     rows = []
@@ -133,7 +135,7 @@ def run_profile(options: ProfileOptions, progress: Progress = lambda _: None) ->
     for weights in options.weights:
         model, tokenizer = load_model(options.model, weights=weights)
         for context in options.context_tokens:
-            pool, roles = _pool_and_crew(model, tokenizer, context, max(options.agents))
+            pool, roles = pool_and_roles(model, tokenizer, context, max(options.agents))
             for agents in options.agents:
                 progress(f"{weights}: {context} tokens, {agents} agent(s)")
                 figures = profile_rows(model, tokenizer, pool, roles, agents=agents, new_tokens=options.new_tokens)

@@ -112,9 +112,6 @@ def _tool_calls_chunk(
         ToolCallCutError: Under a forced choice, the only call was cut.
     """
     parsed = parse_tool_calls(text)
-    opened = text.strip()
-    if parsed is None and opened and CALL_OPEN.startswith(opened):  # cut inside the opening tag itself
-        parsed = ([], opened)
     if parsed is None or any(call["name"] not in tools.names for call in parsed[0]):
         return ChatGenerationChunk(message=AIMessageChunk(content=text)), finish_reason, False
     calls, cut = parsed
@@ -408,9 +405,12 @@ class ChatPolyKV(BaseChatModel):
 
     # ---------------------------------------------------------------- token counts
 
-    def _loaded(self) -> tuple[Any, Any]:
-        """``(model, tokenizer)`` of this chat model, loaded once per engine."""
-        return self.resolved_engine.load_model(self.model, dtype=self.dtype, device=self.device, weights=self.weights)
+    def _loaded(self, model_name: str | None = None) -> tuple[Any, Any]:
+        """``(model, tokenizer)`` of this chat model (or of ``model_name``, a call's override), loaded once per
+        engine."""
+        return self.resolved_engine.load_model(
+            model_name or self.model, dtype=self.dtype, device=self.device, weights=self.weights
+        )
 
     def get_token_ids(self, text: str) -> list[int]:
         """Token ids of ``text`` by this model's own tokenizer (``custom_get_token_ids`` if set); never the
@@ -530,7 +530,7 @@ class ChatPolyKV(BaseChatModel):
         settings = self._settings(stop, kwargs, tools)
         model_name = kwargs.get("model", self.model)
         engine = self.resolved_engine
-        model, tokenizer = engine.load_model(model_name, dtype=self.dtype, device=self.device, weights=self.weights)
+        model, tokenizer = self._loaded(model_name)
         turns = to_chat_messages(messages)
         with contextlib.ExitStack() as lease:
             pool, pool_source = None, None

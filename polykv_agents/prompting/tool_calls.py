@@ -133,9 +133,11 @@ def parse_tool_calls(text: str) -> tuple[list[dict[str, Any]], str] | None:
 
     Each call's JSON is read by a JSON decoder, so a ``</tool_call>`` inside an argument string is just
     text. Under the call grammar, what follows the complete calls is empty, or a call that ``max_tokens``
-    cut short.
+    cut short, even inside its opening tag (``<tool_c``).
     """
     rest = text.strip()
+    if rest and CALL_OPEN.startswith(rest):  # cut inside the opening tag: no call yet, but not plain text
+        return [], rest
     if not rest.startswith(CALL_OPEN):
         return None
     decoder = json.JSONDecoder()
