@@ -192,6 +192,7 @@ def test_warm_up_compiles_ahead_so_calls_build_no_graph(tiny_tok):
     eager, compiled = Engine(), Engine(compile_decode=counting_backend)
     try:
         assert eager.warm_up_decode(model, tiny_tok, pool) == {}  # nothing to compile
+        assert len(eager.schedulers) == 0  # and no scheduler started before a call needs one
         seconds = compiled.warm_up_decode(model, tiny_tok, pool, buckets=(1, 2, 4))  # every bucket 3 rows can meet
         assert set(seconds) == {1, 2, 4} and len(graphs) == 3
         expected = _answers(eager, pool, model, tiny_tok, QUESTIONS)
