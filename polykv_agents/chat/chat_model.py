@@ -330,8 +330,8 @@ class ChatPolyKV(BaseChatModel):
     and ``TimeoutError`` raised. Checked as tokens arrive. ``None``: no limit."""
 
     streaming: bool = False
-    """Whether ``invoke`` hands each token to callbacks (``on_llm_new_token``) as it is decoded, as ``stream``
-    does. Decoding is token by token either way."""
+    """Whether ``invoke`` streams internally, handing each token to callbacks (``on_llm_new_token``) as it is
+    decoded (LangChain's ``BaseChatModel`` reads this field). Decoding is token by token either way."""
 
     max_retries: int | None = None
     """LangChain's standard parameter, accepted so that shared configurations construct: a local call has no
@@ -626,8 +626,7 @@ class ChatPolyKV(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        callbacks = run_manager if self.streaming else None  # streaming=True: tokens reach callbacks as decoded
-        return generate_from_stream(self._stream(messages, stop=stop, run_manager=callbacks, **kwargs))
+        return generate_from_stream(self._stream(messages, stop=stop, **kwargs))
 
     async def _astream(
         self,
@@ -649,5 +648,4 @@ class ChatPolyKV(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        callbacks = run_manager if self.streaming else None
-        return await agenerate_from_stream(self._astream(messages, stop=stop, run_manager=callbacks, **kwargs))
+        return await agenerate_from_stream(self._astream(messages, stop=stop, **kwargs))
