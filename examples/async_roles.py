@@ -31,7 +31,7 @@ async def run(roles: list[str], max_tokens: int, document: str, question: str) -
     builds_before = default_engine().pools.build_count
     prefetch = PrefetchDocument(ChatPolyKV(max_tokens=max_tokens))
     state = {"document": document}
-    state |= await asyncio.to_thread(prefetch, state)  # {"pool": PoolHandle}
+    state |= await asyncio.to_thread(prefetch, state)  # {"pool": the handle, as plain JSON}
     chat = prefetch.pooled_chat(state)
     replies = await chat.abatch([role_messages(role, question) for role in roles])
     for role, reply in zip(roles, replies, strict=True):

@@ -5,7 +5,7 @@
 
 ``--phase first`` runs graphs/document_review.py up to the critic (``interrupt_before=["critic"]``):
 the pool is built and saved to the store as ``<digest>.safetensors``, the planner and the specialists
-answer, and the thread's state (with its PoolHandle, never tensors) is checkpointed in the SQLite file.
+answer, and the thread's state (with its pool handle as plain JSON, never tensors) is checkpointed in the SQLite file.
 Several ``--thread-id`` run several threads over the same pool.
 
 ``--phase resume``, in a new process, continues each thread from its checkpoint: the critic and the
@@ -24,7 +24,6 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for `graphs`
@@ -86,12 +85,11 @@ def main(
     thread_ids = thread_ids or ["review-1"]
     if document is None:
         document = resources.files("polykv_agents").joinpath("data/sample_document.md").read_text(encoding="utf-8")
-    # Allow-listing PoolHandle lets the serializer rebuild it without a "unregistered type" warning (and keeps
-    # working when LangGraph blocks unregistered types); LangChain messages are allowed already.
-    serde = JsonPlusSerializer(allowed_msgpack_modules=[PoolHandle])
+    # The state holds the pool handle as plain JSON, so the default serializer stores and restores it as it
+    # is: no allow-list, no "unregistered type" warning.
     conn = sqlite3.connect(str(db), check_same_thread=False)  # parallel branches run on worker threads
     try:
-        review = build_graph(store=store, checkpointer=SqliteSaver(conn, serde=serde), max_tokens=max_tokens)
+        review = build_graph(store=store, checkpointer=SqliteSaver(conn), max_tokens=max_tokens)
         if phase == "first":
             results = run_first(review, thread_ids, document, roles)
         elif phase == "resume":

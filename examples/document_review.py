@@ -35,8 +35,10 @@ def main(document: str | None = None, roles: list[str] | None = None, max_tokens
     state = review.invoke({"document": document or sample_document(), "roles": list(roles or DEFAULT_ROLES)})
     seconds = time.perf_counter() - started
 
-    pool = state["pool"]
-    print(f"pool {pool.digest[:12]}: {pool.num_tokens} document tokens, {pool.nbytes / 2**20:.2f} MiB compressed")
+    pool = state["pool"]  # the handle, as plain JSON
+    print(
+        f"pool {pool['digest'][:12]}: {pool['num_tokens']} document tokens, {pool['nbytes'] / 2**20:.2f} MiB compressed"
+    )
     plan = "\n".join(f"- {entry['role']}: {entry['focus']}" for entry in state["plan"])
     print(f"\n[plan] (typed, from structured output)\n{plan}")
     for finding in state["findings"]:

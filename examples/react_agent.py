@@ -60,8 +60,10 @@ def main(
     state = agent.invoke({"messages": [HumanMessage(question)], "document": document or sample_document()})
     seconds = time.perf_counter() - started
 
-    pool = state["pool"]
-    print(f"pool {pool.digest[:12]}: {pool.num_tokens} document tokens, {pool.nbytes / 2**20:.2f} MiB compressed")
+    pool = state["pool"]  # the handle, as plain JSON
+    print(
+        f"pool {pool['digest'][:12]}: {pool['num_tokens']} document tokens, {pool['nbytes'] / 2**20:.2f} MiB compressed"
+    )
     for message in state["messages"]:
         print(describe(message))
     model_calls = sum(isinstance(m, AIMessage) and m.usage_metadata is not None for m in state["messages"])

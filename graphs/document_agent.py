@@ -3,7 +3,7 @@
 
 Data flow (state keys in brackets):
   [messages, document] -> DocumentPoolMiddleware (before the agent): the document is prefilled and
-      compressed once -> [pool] (a PoolHandle, never tensors)
+      compressed once -> [pool] (a PoolHandle as plain JSON, never tensors)
   -> model: ChatPolyKV bound to the pool, tools bound, each answer decoded under the tools' grammar, so
       a tool call always parses (``AIMessage.tool_calls`` with ids)
      <-> tools: ``search_document`` (paragraphs of [document] that match a query), ``percent_change``
@@ -35,6 +35,7 @@ from pydantic import Field
 
 from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.engine import Engine
+from polykv_agents.graph.context import PolyKVContext
 from polykv_agents.graph.middleware import DocumentPoolMiddleware, ToolFirstMiddleware
 from polykv_agents.graph.workflow import role_chat_model
 from polykv_agents.pool.store import PoolStore
@@ -122,7 +123,13 @@ def build_graph(
         middleware.append(ToolFirstMiddleware())
     middleware.append(ModelCallLimitMiddleware(run_limit=max_model_calls, exit_behavior="end"))
     return create_agent(
-        chat, tools=TOOLS, system_prompt=SYSTEM_PROMPT, middleware=middleware, checkpointer=checkpointer, name=name
+        chat,
+        tools=TOOLS,
+        system_prompt=SYSTEM_PROMPT,
+        middleware=middleware,
+        checkpointer=checkpointer,
+        name=name,
+        context_schema=PolyKVContext,
     )
 
 

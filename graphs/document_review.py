@@ -3,7 +3,7 @@
 Data flow (state keys in brackets):
   [document, roles?] -> check_input: defaults the role list, refuses an empty one or more than
       MAX_ROLES, before anything is loaded
-  -> prefetch: the document is prefilled and compressed once -> [pool] (a PoolHandle, never tensors)
+  -> prefetch: the document is prefilled and compressed once -> [pool] (a PoolHandle as plain JSON, never tensors)
   -> planner: one pooled call under structured output -> [plan]: a typed list of {role, focus}, one per role,
       decoded under the grammar of :func:`plan_schema`, so it always parses
   -> assign_specialists: one ``Send("specialist", SpecialistTask)`` per plan entry, run in parallel
@@ -33,21 +33,23 @@ from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage, Syste
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.graph.state import CompiledStateGraph
+from langgraph.runtime import Runtime
 from langgraph.types import Checkpointer, Send
 from typing_extensions import NotRequired, TypedDict
 
 from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.engine import Engine
+from polykv_agents.graph.context import PolyKVContext, run_context
 from polykv_agents.graph.prefetch import PrefetchDocument
 from polykv_agents.graph.workflow import (
-    MAX_ROLES,
     cache_read,
     check_roles,
     check_text,
     cluster_from_env,
     role_chat_model,
+    with_parallel_roles,
 )
-from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.handle import PoolHandleState
 from polykv_agents.pool.store import PoolStore
 
 if TYPE_CHECKING:
@@ -114,7 +116,7 @@ class Assignment(TypedDict):
 class State(InputState, total=False):
     """The review's state: small and serializable (the pool is a handle, the tensors stay in the registry)."""
 
-    pool: PoolHandle | None
+    pool: PoolHandleState | None
     plan: list[Assignment]
     """One entry per role, in role order; it drives the fan-out."""
     findings: Annotated[list[Finding], operator.add]
@@ -128,7 +130,7 @@ class SpecialistTask(TypedDict):
 
     role: str
     document: str
-    pool: PoolHandle
+    pool: PoolHandleState
     focus: str
     """The plan's focus for this role."""
 
@@ -261,17 +263,24 @@ def build_graph(
             engine=engine,
         )
 
-    def planner(state: State) -> dict[str, Any]:
+    def planner(state: State, runtime: Runtime[PolyKVContext]) -> dict[str, Any]:
         roles = state["roles"]
         focus, response = prefetch.invoke_role_structured(
-            state, "planner", planner_messages(roles), plan_schema(roles), max_tokens=plan_token_budget(roles)
+            state,
+            "planner",
+            planner_messages(roles),
+            plan_schema(roles),
+            max_tokens=plan_token_budget(roles),
+            context=run_context(runtime),
         )
         plan = [Assignment(role=role, focus=focus[role]) for role in roles]
         return {"plan": plan, "messages": [response]}
 
-    def specialist(task: SpecialistTask) -> dict[str, Any]:
+    def specialist(task: SpecialistTask, runtime: Runtime[PolyKVContext]) -> dict[str, Any]:
         role = task["role"]
-        response = prefetch.invoke_role(task, role, specialist_messages(role, task["focus"]))
+        response = prefetch.invoke_role(
+            task, role, specialist_messages(role, task["focus"]), context=run_context(runtime)
+        )
         finding = Finding(
             role=role,
             text=str(response.text),
@@ -280,16 +289,17 @@ def build_graph(
         )
         return {"findings": [finding], "messages": [response]}
 
-    def critic(state: State) -> dict[str, Any]:
-        response = prefetch.invoke_role(state, "critic", critic_messages(state["findings"], state["roles"]))
+    def critic(state: State, runtime: Runtime[PolyKVContext]) -> dict[str, Any]:
+        messages = critic_messages(state["findings"], state["roles"])
+        response = prefetch.invoke_role(state, "critic", messages, context=run_context(runtime))
         return {"critique": str(response.text), "messages": [response]}
 
-    def summarizer(state: State) -> dict[str, Any]:
+    def summarizer(state: State, runtime: Runtime[PolyKVContext]) -> dict[str, Any]:
         messages = summarizer_messages(state["findings"], state["roles"], state["critique"])
-        response = prefetch.invoke_role(state, "summarizer", messages)
+        response = prefetch.invoke_role(state, "summarizer", messages, context=run_context(runtime))
         return {"summary": str(response.text), "messages": [response]}
 
-    builder = StateGraph(State, input_schema=InputState)
+    builder = StateGraph(State, input_schema=InputState, context_schema=PolyKVContext)
     builder.add_node("check_input", check_input)
     builder.add_node("prefetch", prefetch)
     builder.add_node("planner", planner)
@@ -303,9 +313,7 @@ def build_graph(
     builder.add_edge("specialist", "critic")
     builder.add_edge("critic", "summarizer")
     builder.add_edge("summarizer", END)
-    # LangGraph runs parallel branches on a thread pool of min(32, cores + 4) threads by default (6 on a
-    # 2-core machine); every role needs its own thread to join the same batched decode step.
-    return builder.compile(checkpointer=checkpointer, name=name).with_config(max_concurrency=MAX_ROLES + 1)
+    return with_parallel_roles(builder.compile(checkpointer=checkpointer, name=name))
 
 
 # For `langgraph dev` (langgraph.json): POLYKV_POOL_STORE names a pool directory, so threads resumed

@@ -3,7 +3,7 @@
 Data flow (state keys in brackets):
   [document, question, roles?] -> check_input: defaults the role list, refuses an empty one or more
       than MAX_ROLES, and a blank question, before anything is loaded
-  -> prefetch: the document is prefilled and compressed once -> [pool] (a PoolHandle, never tensors)
+  -> prefetch: the document is prefilled and compressed once -> [pool] (a PoolHandle as plain JSON, never tensors)
   -> dispatch_roles: one ``Send("role_answer", RoleTask)`` per role, run in parallel
   -> role_answer x N: one pooled call each -> [answers] += {role, text, cache_read, pool_digest}
   -> aggregate: one pooled call that merges the answers -> [answer]
@@ -27,21 +27,23 @@ from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage, Syste
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.graph.state import CompiledStateGraph
+from langgraph.runtime import Runtime
 from langgraph.types import Checkpointer, Send
 from typing_extensions import NotRequired, TypedDict
 
 from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.engine import Engine
+from polykv_agents.graph.context import PolyKVContext, run_context
 from polykv_agents.graph.prefetch import PrefetchDocument
 from polykv_agents.graph.workflow import (
-    MAX_ROLES,
     cache_read,
     check_roles,
     check_text,
     cluster_from_env,
     role_chat_model,
+    with_parallel_roles,
 )
-from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.handle import PoolHandleState
 from polykv_agents.pool.store import PoolStore
 
 if TYPE_CHECKING:
@@ -93,7 +95,7 @@ class RoleAnswer(TypedDict):
 class State(InputState, total=False):
     """The swarm's state: small and serializable (the pool is a handle, the tensors stay in the registry)."""
 
-    pool: PoolHandle | None
+    pool: PoolHandleState | None
     answers: Annotated[list[RoleAnswer], operator.add]
     answer: str
     """The aggregator's merged answer."""
@@ -105,7 +107,7 @@ class RoleTask(TypedDict):
 
     role: str
     document: str
-    pool: PoolHandle
+    pool: PoolHandleState
     question: str
 
 
@@ -182,8 +184,9 @@ def build_graph(
         engine=engine,
     )
 
-    def role_answer(task: RoleTask) -> dict[str, Any]:
-        response = prefetch.invoke_role(task, task["role"], role_messages(task["role"], task["question"]))
+    def role_answer(task: RoleTask, runtime: Runtime[PolyKVContext]) -> dict[str, Any]:
+        messages = role_messages(task["role"], task["question"])
+        response = prefetch.invoke_role(task, task["role"], messages, context=run_context(runtime))
         answer = RoleAnswer(
             role=task["role"],
             text=str(response.text),
@@ -192,13 +195,12 @@ def build_graph(
         )
         return {"answers": [answer], "messages": [response]}
 
-    def aggregate(state: State) -> dict[str, Any]:
-        response = prefetch.invoke_role(
-            state, "aggregator", aggregate_messages(state["question"], state["answers"], state["roles"])
-        )
+    def aggregate(state: State, runtime: Runtime[PolyKVContext]) -> dict[str, Any]:
+        messages = aggregate_messages(state["question"], state["answers"], state["roles"])
+        response = prefetch.invoke_role(state, "aggregator", messages, context=run_context(runtime))
         return {"answer": str(response.text), "messages": [response]}
 
-    builder = StateGraph(State, input_schema=InputState)
+    builder = StateGraph(State, input_schema=InputState, context_schema=PolyKVContext)
     builder.add_node("check_input", check_input)
     builder.add_node("prefetch", prefetch)
     builder.add_node("role_answer", role_answer)
@@ -208,9 +210,7 @@ def build_graph(
     builder.add_conditional_edges("prefetch", dispatch_roles, ["role_answer"])
     builder.add_edge("role_answer", "aggregate")
     builder.add_edge("aggregate", END)
-    # LangGraph runs parallel branches on a thread pool of min(32, cores + 4) threads by default (6 on a
-    # 2-core machine); every role needs its own thread to join the same batched decode step.
-    return builder.compile(checkpointer=checkpointer, name=name).with_config(max_concurrency=MAX_ROLES + 1)
+    return with_parallel_roles(builder.compile(checkpointer=checkpointer, name=name))
 
 
 # For `langgraph dev` (langgraph.json): POLYKV_POOL_STORE names a pool directory, so threads resumed

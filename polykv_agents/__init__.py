@@ -13,12 +13,14 @@ from polykv_agents.agent import PooledAgent
 from polykv_agents.chat.chat_model import ChatPolyKV, ToolCallCutError
 from polykv_agents.config import CodecConfig, CompressionConfig
 from polykv_agents.engine import Engine, default_engine, load_model
+from polykv_agents.graph.context import PolyKVContext
 from polykv_agents.graph.prefetch import PrefetchDocument
+from polykv_agents.graph.workflow import with_parallel_roles
 from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.model.device import DeviceNotAvailableError
 from polykv_agents.model.fingerprint import ModelFingerprint
 from polykv_agents.model.loading import DEFAULT_MODEL, ModelNotFoundError
-from polykv_agents.pool import MemoryReport, PoolHandle, PoolStore, SharedKVPool
+from polykv_agents.pool import MemoryReport, PoolHandle, PoolHandleState, PoolStore, SharedKVPool
 from polykv_agents.sampling.settings import GenerationSettings
 
 __all__ = [
@@ -32,7 +34,9 @@ __all__ = [
     "MemoryReport",
     "ModelFingerprint",
     "ModelNotFoundError",
+    "PolyKVContext",
     "PoolHandle",
+    "PoolHandleState",
     "PoolStore",
     "PooledAgent",
     "PrefetchDocument",
@@ -41,6 +45,7 @@ __all__ = [
     "default_engine",
     "load_model",
     "run_on_compute_thread",
+    "with_parallel_roles",
 ]
 
 __version__ = "0.1.0"

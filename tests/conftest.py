@@ -56,3 +56,12 @@ def tiny_model_dir(tmp_path_factory) -> str:
     tiny_llama().save_pretrained(directory)
     tiny_tokenizer().save_pretrained(directory)
     return str(directory)
+
+
+@pytest.fixture(scope="session")
+def long_context_model_dir(tmp_path_factory) -> str:
+    """The tiny Llama with room for several steps: its byte-level tokenizer spends a token per character or two."""
+    directory = tmp_path_factory.mktemp("tiny-llama-4k")
+    tiny_llama(max_positions=4096).save_pretrained(directory)
+    tiny_tokenizer().save_pretrained(directory)
+    return str(directory)

@@ -17,8 +17,9 @@ from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import Runnable, RunnableLambda
 
 from polykv_agents.chat.chat_model import ChatPolyKV
+from polykv_agents.graph.context import PolyKVContext
 from polykv_agents.graph.prefetch import PrefetchDocument
-from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.handle import PoolHandleState
 
 
 def _as_messages(value: Any) -> list[BaseMessage]:
@@ -40,7 +41,7 @@ class ReprefillDocument(PrefetchDocument):
             raise ValueError(msg)
         super().__init__(chat, **kwargs)
 
-    def __call__(self, state: Mapping[str, Any]) -> dict[str, PoolHandle | None]:
+    def __call__(self, state: Mapping[str, Any], runtime: Any = None) -> dict[str, PoolHandleState | None]:
         self.document_messages(state)  # the same input check as with a pool
         return {self.pool_key: None}
 
@@ -50,7 +51,9 @@ class ReprefillDocument(PrefetchDocument):
         prefix = convert_to_messages(self.document_messages(state))
         return RunnableLambda(lambda value: [*prefix, *_as_messages(value)]) | finish(chat)
 
-    def pooled_model(self, state: Mapping[str, Any], chat: ChatPolyKV | None = None) -> ChatPolyKV:
+    def pooled_model(
+        self, state: Mapping[str, Any], chat: ChatPolyKV | None = None, *, context: PolyKVContext | None = None
+    ) -> ChatPolyKV:
         msg = "the no-pool baseline has no pooled model; use pooled_chat, which puts the document in front"
         raise ValueError(msg)
 

@@ -3,7 +3,7 @@ every model call of an agent reads its document from one shared, compressed pool
 
 Data flow of one agent run:
   [messages, document] -> ``before_agent``: the document is prefilled and compressed once (or the pool it
-      already has is found in the registry or the store) -> [pool] (a PoolHandle, never tensors)
+      already has is found in the registry or the store) -> [pool] (a PoolHandle as plain JSON, never tensors)
   -> model <-> tools loop: ``wrap_model_call`` binds each model call to that pool, so no step prefills the
       document again (``cache_read`` = the pool's tokens on every step)
 
@@ -32,8 +32,9 @@ from typing_extensions import NotRequired
 
 from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.config import CompressionConfig
+from polykv_agents.graph.context import run_context
 from polykv_agents.graph.prefetch import PrefetchDocument
-from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.handle import PoolHandleState
 from polykv_agents.pool.store import PoolStore
 
 
@@ -42,7 +43,7 @@ class DocumentAgentState(AgentState):
 
     document: str
     """The document text (prefilled once into the pool)."""
-    pool: NotRequired[PoolHandle | None]
+    pool: NotRequired[PoolHandleState | None]
     """Written by :class:`DocumentPoolMiddleware` before the first model call."""
 
 
@@ -73,10 +74,10 @@ class DocumentPoolMiddleware(AgentMiddleware):
         self.prefetch = PrefetchDocument(chat, config=config, store=store)
 
     def before_agent(self, state: DocumentAgentState, runtime: Runtime) -> dict[str, Any] | None:
-        return self.prefetch(state)  # finds the pool in the registry or the store when it was built before
+        return self.prefetch(state, runtime)  # finds the pool in the registry or the store when it was built before
 
     async def abefore_agent(self, state: DocumentAgentState, runtime: Runtime) -> dict[str, Any] | None:
-        return await asyncio.to_thread(self.prefetch, state)  # a prefill must not block the event loop
+        return await asyncio.to_thread(self.prefetch, state, runtime)  # a prefill must not block the event loop
 
     def _pooled(self, request: ModelRequest) -> ModelRequest:
         if not isinstance(request.model, ChatPolyKV):
@@ -85,7 +86,9 @@ class DocumentPoolMiddleware(AgentMiddleware):
                 f"{type(request.model).__name__}; create the agent with a ChatPolyKV"
             )
             raise TypeError(msg)
-        return request.override(model=self.prefetch.pooled_model(request.state, request.model))
+        # The run's context (an agent created with context_schema=PolyKVContext) may set the model, max_tokens, ...
+        context = run_context(request.runtime)
+        return request.override(model=self.prefetch.pooled_model(request.state, request.model, context=context))
 
     def wrap_model_call(self, request: ModelRequest, handler: ModelHandler) -> ModelResponse:
         return handler(self._pooled(request))

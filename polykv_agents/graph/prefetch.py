@@ -1,8 +1,9 @@
 """The LangGraph prefetch node: build the document's pool once per workflow run, then hand roles a
 chat model bound to it.
 
-Graph state holds the document text and, after this node, a :class:`PoolHandle` (a small pydantic
-model: digest, fingerprint, sizes, store location) — never tensors, so every checkpointer works.
+Graph state holds the document text and, after this node, the pool's handle as plain JSON (a
+:class:`~polykv_agents.pool.handle.PoolHandleState`: digest, fingerprint, sizes, store location) — never
+tensors and no custom type, so every checkpointer stores it as it is.
 
     prefetch = PrefetchDocument(ChatPolyKV(max_tokens=128), store="pools/")
     builder.add_node("prefetch", prefetch)          # state["document"] -> state["pool"]
@@ -29,7 +30,8 @@ from langchain_core.runnables import Runnable
 from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.config import CompressionConfig
 from polykv_agents.engine import Engine
-from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.graph.context import PolyKVContext, run_context
+from polykv_agents.pool.handle import PoolHandle, PoolHandleState
 from polykv_agents.pool.store import PoolStore
 
 if TYPE_CHECKING:
@@ -100,31 +102,43 @@ class PrefetchDocument:
             raise ValueError(msg)
         return [{"role": "system", "content": self.shared_prompt}, {"role": "user", "content": document}]
 
-    def __call__(self, state: Mapping[str, Any]) -> dict[str, PoolHandle | None]:
+    def __call__(self, state: Mapping[str, Any], runtime: Any = None) -> dict[str, PoolHandleState]:
+        """Build (or find) the pool of ``state``'s document; LangGraph passes the node its ``runtime``, whose
+        :class:`~polykv_agents.graph.context.PolyKVContext` may name the run's model and compression preset."""
+        context = run_context(runtime)
+        chat, config = context.apply_to_chat(self.chat), context.apply_to_config(self.config)
         store_dir = None if self.store is None else self.store.directory  # get_or_build saves it there
         if self.cluster is not None:
             store = None if store_dir is None else str(store_dir.absolute())
-            handle = self.cluster.prefetch(self.document_messages(state), config=self.config, store_dir=store)
-            return {self.pool_key: handle}
+            handle = self.cluster.prefetch(self.document_messages(state), config=config, store_dir=store)
+            return {self.pool_key: handle.to_state()}
         model, tokenizer = self.engine.load_model(
-            self.chat.model, dtype=self.chat.dtype, device=self.chat.device, weights=self.chat.weights
+            chat.model, dtype=chat.dtype, device=chat.device, weights=chat.weights
         )
         pool = self.engine.pools.get_or_build(
-            model, tokenizer, self.document_messages(state), config=self.config, store=self.store
+            model, tokenizer, self.document_messages(state), config=config, store=self.store
         )
-        if self.chat.runtime == "decompressed":
+        if chat.runtime == "decompressed":
             # With the engine's compile_decode: compile the role calls' decode step here, once per model (later
             # runs skip it), so that no role call pays for it. Without it: nothing to do.
             self.engine.warm_up_decode(model, tokenizer, pool)
-        return {self.pool_key: PoolHandle.from_pool(pool, store_dir=store_dir)}
+        return {self.pool_key: PoolHandle.from_pool(pool, store_dir=store_dir).to_state()}
 
-    def pooled_chat(self, state: Mapping[str, Any], chat: ChatPolyKV | None = None) -> Runnable:
-        """``chat`` (default: this node's chat model) bound to the pool in ``state``.
+    def pooled_chat(
+        self, state: Mapping[str, Any], chat: ChatPolyKV | None = None, *, context: PolyKVContext | None = None
+    ) -> Runnable:
+        """``chat`` (default: this node's chat model, with the run's ``context`` settings) bound to the pool in
+        ``state``.
 
         Raises:
             ValueError: The prefetch node has not run yet in this workflow (no handle in state).
         """
-        return self._over_document(state, chat or self.chat, lambda bound: bound)
+        return self._over_document(state, self._chat(chat, context), lambda bound: bound)
+
+    def _chat(self, chat: ChatPolyKV | None, context: PolyKVContext | None) -> ChatPolyKV:
+        """``chat`` (default: this node's) with a run's context settings, if any."""
+        chat = chat or self.chat
+        return chat if context is None else context.apply_to_chat(chat)
 
     def _over_document(
         self, state: Mapping[str, Any], chat: ChatPolyKV, finish: Callable[[ChatPolyKV], Runnable]
@@ -133,14 +147,16 @@ class PrefetchDocument:
         baseline (:class:`polykv_agents.bench.baselines.ReprefillDocument`) can replace how it reads the document."""
         return finish(self.pooled_model(state, chat))
 
-    def pooled_model(self, state: Mapping[str, Any], chat: ChatPolyKV | None = None) -> ChatPolyKV:
-        """``chat`` (default: this node's chat model) bound to the pool in ``state``, as a chat model (what
-        ``bind_tools`` and agent factories need).
+    def pooled_model(
+        self, state: Mapping[str, Any], chat: ChatPolyKV | None = None, *, context: PolyKVContext | None = None
+    ) -> ChatPolyKV:
+        """``chat`` (default: this node's chat model, with the run's ``context`` settings) bound to the pool in
+        ``state``, as a chat model (what ``bind_tools`` and agent factories need).
 
         Raises:
             ValueError: The prefetch node has not run yet (no handle in state).
         """
-        chat = chat or self.chat
+        chat = self._chat(chat, context)
         handle = state.get(self.pool_key)
         if handle is None:
             msg = (
@@ -157,11 +173,18 @@ class PrefetchDocument:
         # Tagged role:<role> (metadata agent_role) so stream_mode="messages" can tell parallel branches apart.
         return runnable.with_config(metadata={"agent_role": role}, tags=[f"role:{role}"])
 
-    def invoke_role(self, state: Mapping[str, Any], role: str, messages: Sequence[BaseMessage]) -> AIMessage:
-        """One role's call over the pool in ``state``: the reply is named after the role, and the call is
-        tagged ``role:<role>`` (metadata ``agent_role``) so ``stream_mode="messages"`` can tell parallel
-        branches of one node apart."""
-        response = self._as_role(self.pooled_chat(state), role).invoke(list(messages))
+    def invoke_role(
+        self,
+        state: Mapping[str, Any],
+        role: str,
+        messages: Sequence[BaseMessage],
+        *,
+        context: PolyKVContext | None = None,
+    ) -> AIMessage:
+        """One role's call over the pool in ``state``, with the run's ``context`` settings: the reply is named
+        after the role, and the call is tagged ``role:<role>`` (metadata ``agent_role``) so
+        ``stream_mode="messages"`` can tell parallel branches of one node apart."""
+        response = self._as_role(self.pooled_chat(state, context=context), role).invoke(list(messages))
         response.name = role
         return response
 
@@ -173,17 +196,21 @@ class PrefetchDocument:
         schema: Any,
         *,
         max_tokens: int | None = None,
+        context: PolyKVContext | None = None,
     ) -> tuple[Any, AIMessage]:
         """One role's call over the pool in ``state`` that answers in ``schema`` (a pydantic model, TypedDict or
         JSON schema), decoded under its grammar: the parsed answer, and the raw reply named after the role.
 
         Args:
-            max_tokens: This call's token budget (default: the chat model's).
+            max_tokens: This call's token budget (default: the chat model's, or the run's ``context``'s).
+            context: The run's settings (model, runtime, ...).
 
         Raises:
             OutputParserException: The answer does not parse (it was cut by ``max_tokens``).
         """
-        chat = self.chat if max_tokens is None else self.chat.model_copy(update={"max_tokens": max_tokens})
+        chat = self._chat(None, context)
+        if max_tokens is not None:  # the node's own budget for this answer (a plan needs room to close)
+            chat = chat.model_copy(update={"max_tokens": max_tokens})
         structured = self._over_document(
             state, chat, lambda bound: bound.with_structured_output(schema, include_raw=True)
         )

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage
+from langchain_core.runnables import Runnable
 
 from polykv_agents.chat.chat_model import ChatPolyKV
 
@@ -25,6 +26,22 @@ MAX_ROLES = 15
 equal to 15 sequential greedy calls) and ``pool.memory_report(n_agents=15)`` measures. Each parallel role
 adds a row to the decode batch with a cache of its own (its prompt and answer, about 45 KiB per token for
 SmolLM2-135M in fp32; with ``ChatPolyKV(runtime="private")`` the whole decoded document too). More is refused."""
+
+
+def with_parallel_roles(graph: Runnable, roles: int = MAX_ROLES) -> Runnable:
+    """``graph`` set to run ``roles`` parallel branches (``Send`` fan-out) at once, plus the node that fans out.
+
+    Pooled role calls share one batched decode step only while they run at the same time, and LangGraph runs a
+    step's parallel branches on a thread pool of ``min(32, cores + 4)`` threads unless ``max_concurrency`` says
+    otherwise: 6 on a 2-core machine, so 15 roles would decode as batches of at most 6. Use it on your own
+    graphs that fan out over one pool::
+
+        graph = with_parallel_roles(builder.compile(checkpointer=saver), roles=len(ROLES))
+    """
+    if roles < 1:
+        msg = f"roles must be at least 1, got {roles}"
+        raise ValueError(msg)
+    return graph.with_config(max_concurrency=roles + 1)
 
 
 def check_roles(roles: Sequence[str] | None, *, default: Sequence[str]) -> list[str]:

@@ -8,10 +8,18 @@ Data flow: a document -> :mod:`~polykv_agents.pool.documents` (token ids) -> :mo
 
 from __future__ import annotations
 
-from polykv_agents.pool.handle import PoolHandle
+from polykv_agents.pool.handle import PoolHandle, PoolHandleState
 from polykv_agents.pool.memory import MemoryReport
 from polykv_agents.pool.registry import PoolNotFoundError, PoolRegistry
 from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.pool.store import PoolStore
 
-__all__ = ["MemoryReport", "PoolHandle", "PoolNotFoundError", "PoolRegistry", "PoolStore", "SharedKVPool"]
+__all__ = [
+    "MemoryReport",
+    "PoolHandle",
+    "PoolHandleState",
+    "PoolNotFoundError",
+    "PoolRegistry",
+    "PoolStore",
+    "SharedKVPool",
+]

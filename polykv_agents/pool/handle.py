@@ -6,28 +6,39 @@ to a :class:`~polykv_agents.pool.store.PoolStore`, and puts ``PoolHandle.from_po
 into the state. Agent nodes turn the handle back into the pool with ``engine.pools.resolve(...)``: from
 the registry, else from the store, else by rebuilding it from the document.
 
-Checkpoints: a handle is a frozen pydantic model of plain fields, so it survives
-``model_dump_json``/``model_validate_json`` and LangGraph's ``JsonPlusSerializer``. By default that
-serializer rebuilds the ``PoolHandle`` (and logs that the type is not allow-listed); in strict mode
-(``LANGGRAPH_STRICT_MSGPACK=true`` or ``allowed_msgpack_modules=None``) it returns the plain dict of
-fields instead. ``PoolHandle.model_validate`` turns that dict back into a handle, and
-``PoolRegistry.resolve`` accepts either. To get handles back without the warning, allow-list the type
-when building the checkpointer's serializer: ``JsonPlusSerializer(allowed_msgpack_modules=[PoolHandle])``.
+Graph state holds the handle as plain JSON (:class:`PoolHandleState`, ``handle.to_state()``): any
+checkpointer stores it as it stores a string, with no allow-list and no "unregistered type" warning on
+resume, and LangGraph Studio shows it as it is. Everything that reads a handle (``ChatPolyKV.with_pool``,
+``PoolRegistry.resolve``, the Ray workers) takes either form and checks it with
+``PoolHandle.model_validate``, so ``PoolHandle`` objects put into state by older code still work.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import TypedDict
 
 from polykv_agents.config import CompressionConfig
 from polykv_agents.model.fingerprint import ModelFingerprint
 
 if TYPE_CHECKING:
     from polykv_agents.pool.shared_pool import SharedKVPool
+
+
+class PoolHandleState(TypedDict):
+    """A :class:`PoolHandle` as graph state holds it: plain JSON values (``PoolHandle.to_state()``)."""
+
+    digest: str
+    fingerprint: dict[str, Any]
+    config: dict[str, Any]
+    num_tokens: int
+    nbytes: int
+    store_dir: str | None
+    object_id: str | None
 
 
 class PoolHandle(BaseModel):
@@ -77,3 +88,7 @@ class PoolHandle(BaseModel):
             store_dir=None if store_dir is None else str(Path(store_dir).absolute()),
             object_id=object_id,
         )
+
+    def to_state(self) -> PoolHandleState:
+        """This handle as plain JSON values, what graph state holds (``PoolHandle.model_validate`` reads it back)."""
+        return PoolHandleState(**self.model_dump(mode="json"))

@@ -125,8 +125,8 @@ def test_a_graph_dispatched_to_the_cluster_answers_as_the_single_process_run(nod
         local = role_swarm.build_graph(chat=chat).invoke(inputs)
         assert remote["answers"] and sorted(map(str, remote["answers"])) == sorted(map(str, local["answers"]))
         assert remote["answer"] == local["answer"]
-        assert remote["pool"].digest == local["pool"].digest and remote["pool"].object_id is not None
-        assert cluster.directory_stats()["builds"] == {remote["pool"].digest: 1}
+        assert remote["pool"]["digest"] == local["pool"]["digest"] and remote["pool"]["object_id"] is not None
+        assert cluster.directory_stats()["builds"] == {remote["pool"]["digest"]: 1}
     finally:
         cluster.shutdown()
 

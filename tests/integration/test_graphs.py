@@ -93,7 +93,7 @@ class Run:
 
     @property
     def handle(self) -> PoolHandle:
-        return self.result["pool"]
+        return PoolHandle.model_validate(self.result["pool"])
 
     @property
     def records(self) -> list[dict]:
@@ -210,7 +210,7 @@ def test_second_run_over_the_same_document_reuses_the_pool(runs, name):
     builds_before = default_engine().pools.build_count
     result = graph.invoke(inputs(name, f"{name}-3-roles", roles=first.roles[:1]))
     assert default_engine().pools.build_count == builds_before
-    assert result["pool"] == first.handle
+    assert result["pool"] == first.handle.to_state()
     assert default_engine().pools.builds_by_digest[first.handle.digest] == 1
     assert result[RECORDS[name]][0]["cache_read"] == first.handle.num_tokens
 
@@ -348,7 +348,7 @@ def test_example_react_agent(smollm, capsys):
     assert "pools built in this run: 1" in out
     calls = [m for m in state["messages"] if isinstance(m, AIMessage) and m.usage_metadata]
     assert calls[0].tool_calls and len(calls) <= 4
-    assert {cache_read(m) for m in calls} == {state["pool"].num_tokens}
+    assert {cache_read(m) for m in calls} == {state["pool"]["num_tokens"]}
     assert any(m.type == "tool" and m.tool_call_id == calls[0].tool_calls[0]["id"] for m in state["messages"])
 
 

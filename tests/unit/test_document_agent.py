@@ -12,7 +12,6 @@ from langchain.agents.middleware import AgentMiddleware, ModelCallLimitMiddlewar
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
-from tiny_models import tiny_llama, tiny_tokenizer
 
 from graphs import document_agent
 from polykv_agents import default_engine
@@ -34,15 +33,6 @@ class AlwaysCallATool(AgentMiddleware):
 
     async def awrap_model_call(self, request, handler):
         return await handler(request.override(tool_choice="any"))
-
-
-@pytest.fixture(scope="module")
-def long_context_model_dir(tmp_path_factory) -> str:
-    """The tiny Llama with room for several steps: its byte-level tokenizer spends a token per character or two."""
-    directory = tmp_path_factory.mktemp("tiny-llama-4k")
-    tiny_llama(max_positions=4096).save_pretrained(directory)
-    tiny_tokenizer().save_pretrained(directory)
-    return str(directory)
 
 
 @pytest.fixture
@@ -78,7 +68,7 @@ def test_a_loop_that_never_stops_calling_tools_ends_at_its_limit(chat):
     assert len(calls) == 3 and all(m.tool_calls for m in calls)
     assert sum(isinstance(m, ToolMessage) for m in state["messages"]) == 3
     assert default_engine().pools.build_count - builds_before == 1
-    assert {m.usage_metadata["input_token_details"]["cache_read"] for m in calls} == {state["pool"].num_tokens}
+    assert {m.usage_metadata["input_token_details"]["cache_read"] for m in calls} == {state["pool"]["num_tokens"]}
 
 
 def test_the_first_model_call_looks_something_up_and_every_call_reads_the_pool(chat):
@@ -89,7 +79,7 @@ def test_the_first_model_call_looks_something_up_and_every_call_reads_the_pool(c
     results = [m for m in state["messages"] if isinstance(m, ToolMessage)]
     assert results and results[0].tool_call_id == calls[0].tool_calls[0]["id"]
     assert len(calls) <= document_agent.MAX_MODEL_CALLS
-    assert {m.usage_metadata["input_token_details"]["cache_read"] for m in calls} == {state["pool"].num_tokens}
+    assert {m.usage_metadata["input_token_details"]["cache_read"] for m in calls} == {state["pool"]["num_tokens"]}
 
 
 async def test_the_agent_runs_async(chat):

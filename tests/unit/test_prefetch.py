@@ -24,7 +24,7 @@ def test_builds_once_and_binds_role_chats_to_the_pool(tiny_model_dir):
     prefetch(state)  # a second run over the same document
     assert engine.pools.build_count == 1
     reply = prefetch.pooled_chat(state).invoke("Summarise.")
-    assert reply.usage_metadata["input_token_details"]["cache_read"] == state["pool"].num_tokens
+    assert reply.usage_metadata["input_token_details"]["cache_read"] == state["pool"]["num_tokens"]
 
 
 def _global_state() -> tuple[int, int, int, int]:
@@ -50,11 +50,11 @@ def test_a_custom_engine_serves_a_whole_run_and_touches_nothing_global(tiny_mode
 
     with ThreadPoolExecutor(15) as executor:
         replies = list(executor.map(role_call, range(15)))
-    assert all(r.usage_metadata["input_token_details"]["cache_read"] == state["pool"].num_tokens for r in replies)
+    assert all(r.usage_metadata["input_token_details"]["cache_read"] == state["pool"]["num_tokens"] for r in replies)
     assert engine.pools.build_count == 1 and len(engine.pools) == 1
     assert len(engine.models) == 1 and len(engine.schedulers) == 1
     assert not _touched(before, _global_state())
-    assert state["pool"].digest not in default_engine().pools
+    assert state["pool"]["digest"] not in default_engine().pools
     engine.close()
     assert len(engine.schedulers) == 0
 
@@ -80,7 +80,7 @@ def test_a_store_always_receives_the_pool_its_handle_names(tiny_model_dir, tmp_p
     chat = ChatPolyKV(model=tiny_model_dir)
     PrefetchDocument(chat, engine=engine)({"document": DOC})
     handle = PrefetchDocument(chat, engine=engine, store=tmp_path)({"document": DOC})["pool"]
-    assert handle.digest in PoolStore(tmp_path)
+    assert handle["digest"] in PoolStore(tmp_path)
     assert engine.pools.build_count == 1
 
 
