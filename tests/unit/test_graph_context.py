@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
+from typing import Annotated
 
 import pytest
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import START, StateGraph
+from langgraph.runtime import Runtime
+from langgraph.types import Send
 from pydantic import ValidationError
+from typing_extensions import TypedDict
 
 from graphs import document_agent, document_review, role_swarm
 from polykv_agents import (
@@ -18,6 +24,8 @@ from polykv_agents import (
     Engine,
     PolyKVContext,
     PoolHandle,
+    PoolHandleState,
+    PrefetchDocument,
     ToolCallCutError,
     with_parallel_roles,
 )
@@ -119,7 +127,7 @@ def test_a_checkpointed_thread_resumes_without_an_unregistered_type_warning(tiny
 def test_a_pool_handle_object_in_state_is_still_read(tiny_model_dir, engine):
     """State written by older code holds PoolHandle objects: role calls read them as they read the JSON form."""
     chat = ChatPolyKV(model=tiny_model_dir, max_tokens=3, engine=engine)
-    prefetch = role_swarm.PrefetchDocument(chat, engine=engine)
+    prefetch = PrefetchDocument(chat, engine=engine)
     state = {"document": DOCUMENT}
     handle = PoolHandle.model_validate(prefetch(state)["pool"])
     reply = prefetch.invoke_role({**state, "pool": handle}, "analyst", [HumanMessage(QUESTION)])
@@ -144,3 +152,34 @@ def test_the_context_fields_are_the_chat_models(tiny_model_dir):
         "int8",
         chat.model,
     )
+
+
+def test_the_readme_graph_fans_out_over_one_pool_with_the_run_context(tiny_model_dir, engine):
+    """README's own-StateGraph example, on the tiny checkpoint: one pool, every branch reads it, the context applies."""
+    roles = ["legal", "finance", "operations"]
+    prefetch = PrefetchDocument(ChatPolyKV(model=tiny_model_dir, max_tokens=96, engine=engine))
+
+    class State(TypedDict, total=False):
+        document: str
+        pool: PoolHandleState
+        notes: Annotated[list[str], operator.add]
+
+    replies = []
+
+    def review(task: dict, runtime: Runtime[PolyKVContext]) -> dict:
+        ask = [HumanMessage(f"As the {task['role']} reviewer, name the main risk in one sentence.")]
+        reply = prefetch.invoke_role(task, task["role"], ask, context=runtime.context)
+        replies.append(reply)
+        return {"notes": [reply.text]}
+
+    builder = StateGraph(State, context_schema=PolyKVContext)
+    builder.add_node("prefetch", prefetch)
+    builder.add_node("review", review)
+    builder.add_edge(START, "prefetch")
+    builder.add_conditional_edges("prefetch", lambda s: [Send("review", {**s, "role": r}) for r in roles], ["review"])
+    graph = with_parallel_roles(builder.compile(), roles=len(roles))
+    result = graph.invoke({"document": DOCUMENT}, context={"max_tokens": 5, "preset": "max"})
+    assert len(result["notes"]) == 3 and engine.pools.build_count == 1
+    assert result["pool"]["config"] == CompressionConfig.preset("max").model_dump(mode="json")
+    assert {r.usage_metadata["output_tokens"] for r in replies} == {5}
+    assert {r.usage_metadata["input_token_details"]["cache_read"] for r in replies} == {result["pool"]["num_tokens"]}

@@ -1,0 +1,113 @@
+"""The graphs as ``langgraph dev`` serves them (langgraph.json), driven over HTTP by ``langgraph_sdk``.
+
+The in-memory LangGraph API server (``langgraph-cli[inmem]``) starts on a free port with the repository's
+langgraph.json (its graph paths made absolute, its pool store in a temporary directory). A ``role_swarm`` run
+pauses before the aggregator; the server is stopped by its pid and started again; the same thread resumes, and
+the aggregator's call finds the pool in the store instead of prefilling the document again. The run's context
+(``PolyKVContext``) points the graph at the tiny test checkpoint, so each server start loads in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+langgraph_sdk = pytest.importorskip("langgraph_sdk")
+pytest.importorskip("langgraph_runtime_inmem", reason="needs langgraph-cli[inmem] (the dev extra)")
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCUMENT = "The council delayed the library by a year: the lowest bid was 30 percent over budget. " * 4
+ROLES = ["analyst", "skeptic", "optimist"]
+STARTUP_SECONDS = 180
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def server_config(directory: Path) -> Path:
+    """The repository's langgraph.json, with absolute graph paths and a pool store under ``directory``."""
+    config = json.loads((ROOT / "langgraph.json").read_text(encoding="utf-8"))
+    config["graphs"] = {name: str(ROOT / path.removeprefix("./")) for name, path in config["graphs"].items()}
+    config["dependencies"] = [str(ROOT)]
+    config["env"] = {**config.get("env", {}), "POLYKV_POOL_STORE": str(directory / "pools")}
+    path = directory / "langgraph.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+@contextmanager
+def dev_server(directory: Path) -> Iterator[str]:
+    """``langgraph dev`` running in ``directory`` (where it keeps its threads between starts); its URL."""
+    port = free_port()
+    command = [sys.executable, "-m", "langgraph_cli", "dev", "--port", str(port), "--no-browser", "--no-reload"]
+    command += ["--config", str(server_config(directory))]
+    env = {**os.environ, "LANGGRAPH_CLI_NO_ANALYTICS": "1", "LANGSMITH_TRACING": "false"}
+    log = (directory / "server.log").open("ab")
+    server = subprocess.Popen(command, cwd=directory, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while True:
+            try:
+                if httpx.get(f"{url}/ok", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"langgraph dev did not start:\n{(directory / 'server.log').read_text()[-4000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        # SIGINT, as Ctrl-C: the in-memory runtime writes its threads to disk on the way out.
+        if server.poll() is None:
+            os.kill(server.pid, signal.SIGINT)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+def test_role_swarm_over_http_survives_a_server_restart(tmp_path, tiny_model_dir):
+    context = {"model": tiny_model_dir, "max_tokens": 4}
+    inputs = {"document": DOCUMENT, "question": "What was delayed?", "roles": ROLES}
+
+    with dev_server(tmp_path) as url:
+        client = langgraph_sdk.get_sync_client(url=url)
+        thread = client.threads.create()
+        pause = ["aggregate"]
+        client.runs.wait(thread["thread_id"], "role_swarm", input=inputs, context=context, interrupt_before=pause)
+        state = client.threads.get_state(thread["thread_id"])
+    assert state["next"] == ["aggregate"]
+    pool = state["values"]["pool"]
+    answers = state["values"]["answers"]
+    assert sorted(a["role"] for a in answers) == sorted(ROLES)
+    assert {a["cache_read"] for a in answers} == {pool["num_tokens"]}
+    assert {a["pool_digest"] for a in answers} == {pool["digest"]}
+    assert [p.name for p in (tmp_path / "pools").iterdir()] == [f"{pool['digest']}.safetensors"]  # one pool built
+
+    with dev_server(tmp_path) as url:  # a new process: nothing in memory but the threads it reloaded
+        client = langgraph_sdk.get_sync_client(url=url)
+        client.runs.wait(thread["thread_id"], "role_swarm", input=None, context=context)
+        state = client.threads.get_state(thread["thread_id"])
+    assert state["next"] == []
+    aggregator = state["values"]["messages"][-1]
+    assert aggregator["name"] == "aggregator"
+    assert aggregator["response_metadata"]["pool_source"] == "store"
+    assert aggregator["response_metadata"]["pool_digest"] == pool["digest"]
+    assert aggregator["usage_metadata"]["input_token_details"]["cache_read"] == pool["num_tokens"]
