@@ -22,15 +22,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.runnables import Runnable
+from langchain_core.runnables import Runnable, RunnableConfig
 
 from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.config import CompressionConfig
 from polykv_agents.engine import Engine
 from polykv_agents.graph.context import PolyKVContext, run_context
+from polykv_agents.graph.prefill_trace import traced_prefill
 from polykv_agents.pool.handle import PoolHandle, PoolHandleState
 from polykv_agents.pool.store import PoolStore
 
@@ -102,21 +103,35 @@ class PrefetchDocument:
             raise ValueError(msg)
         return [{"role": "system", "content": self.shared_prompt}, {"role": "user", "content": document}]
 
-    def __call__(self, state: Mapping[str, Any], runtime: Any = None) -> dict[str, PoolHandleState]:
-        """Build (or find) the pool of ``state``'s document; LangGraph passes the node its ``runtime``, whose
-        :class:`~polykv_agents.graph.context.PolyKVContext` may name the run's model and compression preset."""
+    def __call__(
+        self,
+        state: Mapping[str, Any],
+        runtime: Any = None,
+        # Spelled so that LangGraph recognises it under postponed annotations (it compares the annotation's text).
+        config: Optional[RunnableConfig] = None,  # noqa: UP045
+    ) -> dict[str, PoolHandleState]:
+        """Build (or find) the pool of ``state``'s document. LangGraph passes the node its ``runtime``, whose
+        :class:`~polykv_agents.graph.context.PolyKVContext` may name the run's model and compression preset, and its
+        ``config``, whose callbacks trace the prefill as a chat-model run
+        (:mod:`polykv_agents.graph.prefill_trace`)."""
         context = run_context(runtime)
-        chat, config = context.apply_to_chat(self.chat), context.apply_to_config(self.config)
+        chat, compression = context.apply_to_chat(self.chat), context.apply_to_config(self.config)
         store_dir = None if self.store is None else self.store.directory  # get_or_build saves it there
         if self.cluster is not None:
             store = None if store_dir is None else str(store_dir.absolute())
-            handle = self.cluster.prefetch(self.document_messages(state), config=config, store_dir=store)
+            handle = self.cluster.prefetch(self.document_messages(state), config=compression, store_dir=store)
             return {self.pool_key: handle.to_state()}
         model, tokenizer = self.engine.load_model(
             chat.model, dtype=chat.dtype, device=chat.device, weights=chat.weights
         )
-        pool = self.engine.pools.get_or_build(
-            model, tokenizer, self.document_messages(state), config=config, store=self.store
+        document, pools = self.document_messages(state), self.engine.pools
+        pool = traced_prefill(  # a chat-model run in the graph's trace: what the pool cost, once
+            chat,
+            document,
+            config,
+            lambda: pools.get_or_build(model, tokenizer, document, config=compression, store=self.store),
+            resident=lambda: pools.digest_of(model, tokenizer, document, compression) in pools,
+            origin=lambda built: pools.origin(built.digest),
         )
         if chat.runtime == "decompressed":
             # With the engine's compile_decode: compile the role calls' decode step here, once per model (later

@@ -27,7 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "agent": {"engine", "model", "pool", "prompting", "runtime", "sampling"},
     "chat": {"config", "engine", "model", "pool", "prompting", "runtime", "sampling"},
     "distributed": {"chat", "config", "engine", "model", "pool"},
-    "graph": {"chat", "config", "distributed", "engine", "pool"},
+    "graph": {"chat", "config", "distributed", "engine", "model", "pool", "runtime"},  # model/runtime: setting names
     "eval": {"config", "model", "pool", "sampling"},
     "handle": {"pool"},  # the checkpoints' import path of PoolHandle
     "bench": {

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from uuid import UUID
 
 import pytest
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_core.tracers.run_collector import RunCollectorCallbackHandler
 
+from graphs import role_swarm
 from polykv_agents import Engine, default_engine
 from polykv_agents.bench.baselines import ReprefillDocument
 from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.graph.prefetch import PrefetchDocument
+from polykv_agents.graph.prefill_trace import PREFILL_RUN_NAME
 from polykv_agents.pool.store import PoolStore
 
 DOC = "The review covers budgets, staffing and the reservoir programme. " * 5
@@ -129,3 +134,52 @@ def test_with_a_compiling_engine_the_prefetch_node_compiles_so_role_calls_do_not
         assert len(graphs) == compiled
     finally:
         engine.close()
+
+
+class RecordRuns(BaseCallbackHandler):
+    """Every chat-model run a graph traced: its name, and the usage of its answer."""
+
+    def __init__(self) -> None:
+        self.names: dict[UUID, str] = {}
+        self.usage: dict[str, list[dict]] = {}
+
+    def on_chat_model_start(self, serialized, messages, *, run_id: UUID, name: str | None = None, **kwargs):
+        self.names[run_id] = name or serialized.get("name")
+
+    def on_llm_end(self, response, *, run_id: UUID, **kwargs):
+        usage = response.generations[0][0].message.usage_metadata
+        self.usage.setdefault(self.names[run_id], []).append(usage)
+
+
+def test_the_document_prefill_is_a_traced_run_with_its_cache_usage(tiny_model_dir):
+    """Tracing shows the prefill once (cache_creation = document tokens), then reads of the pool (cache_read)."""
+    engine = Engine()
+    chat = ChatPolyKV(model=tiny_model_dir, max_tokens=3, engine=engine)
+    graph = role_swarm.build_graph(chat=chat)
+    inputs = {"document": DOC, "question": "What is covered?", "roles": ["analyst", "skeptic"]}
+    first, second = RecordRuns(), RecordRuns()
+    state = graph.invoke(inputs, config={"callbacks": [first]})
+    graph.invoke(inputs, config={"callbacks": [second]})  # the same document: the pool is in the engine
+    tokens = state["pool"]["num_tokens"]
+    (built,) = first.usage[PREFILL_RUN_NAME]
+    assert built["input_token_details"] == {"cache_creation": tokens} and built["output_tokens"] == 0
+    (reused,) = second.usage[PREFILL_RUN_NAME]
+    assert reused["input_token_details"] == {"cache_read": tokens}
+    role_calls = first.usage["ChatPolyKV"]
+    assert len(role_calls) == 3 and {u["input_token_details"]["cache_read"] for u in role_calls} == {tokens}
+    assert engine.pools.build_count == 1
+
+
+def test_langchains_tracer_records_the_prefill_as_an_llm_run_of_the_prefetch_node(tiny_model_dir):
+    """LangChain's run collector (a BaseTracer, as LangSmith's tracer is) sees an llm run inside the prefetch node."""
+    chat = ChatPolyKV(model=tiny_model_dir, max_tokens=3, engine=Engine())
+    graph = role_swarm.build_graph(chat=chat)
+    collector = RunCollectorCallbackHandler()
+    inputs = {"document": DOC + " traced", "question": "What?", "roles": ["analyst"]}
+    graph.invoke(inputs, config={"callbacks": [collector]})
+    (root,) = collector.traced_runs
+    (prefetch,) = [run for run in root.child_runs if run.name == "prefetch"]
+    (prefill,) = [run for run in prefetch.child_runs if run.name == PREFILL_RUN_NAME]
+    assert prefill.run_type == "llm" and prefill.error is None
+    usage = prefill.outputs["generations"][0][0]["message"]["kwargs"]["usage_metadata"]
+    assert usage["input_token_details"]["cache_creation"] == usage["input_tokens"] > 0
