@@ -33,6 +33,7 @@ from langchain_core.tools import BaseTool
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from polykv_agents.chat.async_bridge import iterate_in_thread
+from polykv_agents.chat.logprobs import logprobs_setting, openai_logprobs
 from polykv_agents.chat.messages import to_chat_messages
 from polykv_agents.chat.settings_names import check_call_kwargs, check_settings, with_model_alias
 from polykv_agents.chat.structured_output import response_format_grammar, structured_output
@@ -56,6 +57,7 @@ from polykv_agents.prompting.tool_prompts import ToolsShown
 from polykv_agents.runtime.backend import Runtime
 from polykv_agents.runtime.generate import generate_text
 from polykv_agents.runtime.request import DecodeRequest
+from polykv_agents.sampling.logprobs import MAX_TOP_LOGPROBS
 from polykv_agents.sampling.settings import GenerationSettings, GenerationStats
 
 
@@ -166,6 +168,9 @@ class ChatPolyKV(BaseChatModel):
             transformers' penalty over the call's own prompt and answer; 1.1–1.3 curbs small models' loops.
         stop: list[str] | None
             Stop sequences (several tokens each, if need be).
+        logprobs: bool | None, top_logprobs: int | None
+            Each answer token's log-probability (and the ``top_logprobs`` likeliest alternatives') in
+            ``response_metadata["logprobs"]``, as ChatOpenAI reports them.
 
     Key init args — client params:
         pool: PoolHandle | None
@@ -260,6 +265,10 @@ class ChatPolyKV(BaseChatModel):
             # {'model_provider': 'polykv', 'model_name': 'SmolLM2-135M-Instruct', 'finish_reason': 'stop',
             #  'pool_digest': '3f1c...', 'pool_source': 'registry',
             #  'queue_s': 0.0, 'prefill_s': 0.21, 'decode_s': 1.4}
+
+            critic.invoke(messages, logprobs=True, top_logprobs=2).response_metadata["logprobs"]["content"][0]
+            # {'token': 'The', 'bytes': [84, 104, 101], 'logprob': -0.31,
+            #  'top_logprobs': [{'token': 'The', ...}, {'token': 'A', ...}]}   # the model's own distribution
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -289,6 +298,17 @@ class ChatPolyKV(BaseChatModel):
 
     seed: int | None = None
     """Sampling seed, for reproducible samples."""
+
+    close_grammar: bool = True
+    """Under structured output or a forced tool call, complete the JSON before ``max_tokens`` runs out (the answer
+    then parses, with ``finish_reason="length"`` and ``response_metadata["grammar_closed"]``); ``False``: let
+    ``max_tokens`` cut it (a parsing error, or :class:`ToolCallCutError`)."""
+
+    logprobs: bool | None = None
+    """Report each answer token's log-probability in ``response_metadata["logprobs"]`` (ChatOpenAI's form)."""
+
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    """With ``logprobs``: also report the ``top_logprobs`` most likely tokens at each position."""
 
     ignore_eos: bool = False
     """Decode exactly ``max_tokens``, past the end-of-sequence token (llama.cpp's and vLLM's ``ignore_eos``): for
@@ -454,6 +474,10 @@ class ChatPolyKV(BaseChatModel):
             min_p=_or_default(kwargs.get("min_p", self.min_p), 0.0),
             repetition_penalty=_or_default(kwargs.get("repetition_penalty", self.repetition_penalty), 1.0),
             seed=kwargs.get("seed", self.seed),
+            close_grammar=kwargs.get("close_grammar", self.close_grammar),
+            logprobs=logprobs_setting(
+                kwargs.get("logprobs", self.logprobs), kwargs.get("top_logprobs", self.top_logprobs)
+            ),
             stop=stop if stop is not None else self.stop,
             grammar=grammar,
             ignore_eos=kwargs.get("ignore_eos", self.ignore_eos) and grammar is None,
@@ -572,7 +596,13 @@ class ChatPolyKV(BaseChatModel):
             if call_text:
                 chunk, finish_reason, cut = _tool_calls_chunk(call_text, finish_reason, tools, settings.max_new_tokens)
                 yield chunk
+            if stats.grammar_closed:
+                finish_reason = "length"  # it parses, but only because it was closed to fit max_tokens
             final = self._final_chunk(stats, model_name, pool, pool_source, finish_reason)
+            if stats.grammar_closed:
+                final.message.response_metadata["grammar_closed"] = True
+            if stats.logprobs is not None:
+                final.message.response_metadata["logprobs"] = openai_logprobs(stats.logprobs, tokenizer)
             if cut:
                 final.message.response_metadata["tool_call_cut"] = True  # LangChain's chunk merge drops the error
             yield final

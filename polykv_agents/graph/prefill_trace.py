@@ -19,6 +19,7 @@ from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, LLMResult
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import ensure_config
+from langgraph.constants import TAG_NOSTREAM
 
 from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.pool.shared_pool import SharedKVPool
@@ -53,6 +54,8 @@ def traced_prefill(
         config.get("callbacks"),
         inheritable_tags=config.get("tags"),
         inheritable_metadata=config.get("metadata"),
+        # Traced, not streamed: stream_mode="messages" shows what roles say, and a prefill says nothing.
+        local_tags=[TAG_NOSTREAM],
         local_metadata={**chat._get_ls_params(), "ls_max_tokens": 0},  # LangSmith's model fields
     )
     if not manager.handlers:

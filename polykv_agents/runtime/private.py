@@ -42,16 +42,19 @@ def private_tokens(request: DecodeRequest, budget: int) -> Iterator[int]:
     constraint = token_constraint(model, tokenizer, settings)
     history = repetition_history(settings, request.prompt_ids)
 
-    def next_token(ids: torch.Tensor, position: int) -> tuple[int | None, str | None]:
+    def next_token(ids: torch.Tensor, position: int, remaining: int) -> tuple[int | None, str | None]:
         # Forward and sampling (a softmax over the vocabulary) together: one job on the compute thread per token.
         if stats.started_at is None:  # the compute thread took this call's prompt: its queue ends here
             stats.started_at = time.monotonic()
         logits = _forward_last(model, ids, cache, position)
-        return choose_token(logits, settings, generator, constraint, eos_ids, history)
+        chosen = choose_token(logits, settings, generator, constraint, eos_ids, history, stats.logprobs, remaining)
+        if constraint is not None and constraint.closing:
+            stats.grammar_closed = True
+        return chosen
 
     ids, position = request.prompt_ids, request.start_position  # [n] at positions T .. T+n-1
-    for _ in range(budget):
-        token, reason = run_on_compute_thread(next_token, ids, position)
+    for step in range(budget):
+        token, reason = run_on_compute_thread(next_token, ids, position, budget - step)
         if token is not None:
             yield token
         if reason is not None:

@@ -34,6 +34,8 @@ class DecodeRequest:
 
     def __post_init__(self) -> None:
         self.stats = GenerationStats(prompt_tokens=self.prompt_ids.numel(), cached_tokens=self.start_position)
+        if self.settings.logprobs is not None:
+            self.stats.logprobs = []
 
     @property
     def start_position(self) -> int:

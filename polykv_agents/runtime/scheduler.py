@@ -279,8 +279,17 @@ class BatchScheduler:
         """Sample one token for ``request`` and deliver it, or finish the request."""
         try:
             token, reason = choose_token(
-                logits, request.settings, request.generator, request.constraint, self._eos_ids, request.history
+                logits,
+                request.settings,
+                request.generator,
+                request.constraint,
+                self._eos_ids,
+                request.history,
+                request.stats.logprobs,  # appended before the token is queued: its consumer reads it after
+                request.budget - request.produced,
             )
+            if request.constraint is not None and request.constraint.closing:
+                request.stats.grammar_closed = True
         except Exception as e:  # this request's grammar (or sampling) failed: only this row ends
             request.fail(e)
             return

@@ -33,6 +33,14 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from polykv_agents.sampling.grammar_closing import (
+    CLOSING_MARGIN,
+    CLOSING_WINDOW,
+    JsonScanner,
+    TokenTexts,
+    closing_walk,
+)
+
 
 class GrammarError(ValueError):
     """A schema or grammar that cannot be compiled, or an output the grammar cannot continue."""
@@ -115,7 +123,13 @@ class TokenConstraint:
     ) -> None:
         self._matcher = llguidance.LLMatcher(_ll_tokenizer(tokenizer, vocab_size, eos_ids), grammar, log_level=0)
         self._check()
+        self._tokenizer = tokenizer
         self._vocab_size = vocab_size
+        self._eos_ids = sorted(eos_ids)
+        self._scanner = JsonScanner()  # whether the text so far ends inside a string (the closing walk asks)
+        self.closing = False
+        """Whether this call's tokens are now chosen to close the grammar within the budget (not sampled)."""
+        self._closing_window: int | None = None  # tokens left from which each step plans how to close
         words = (vocab_size + 31) // 32
         self._bitmask = torch.full((1, words), -1, dtype=torch.int32)  # [1, ceil(V / 32)], bit set = allowed
 
@@ -149,6 +163,29 @@ class TokenConstraint:
             self._check()
             msg = f"constrained decoding failed: the grammar does not allow token {token} here"
             raise GrammarError(msg)
+        self._scanner.feed(self._tokenizer.convert_tokens_to_string(self._tokenizer.convert_ids_to_tokens([token])))
+
+    def closing_token(self, remaining: int) -> int | None:
+        """The token to write next so that the grammar is complete within ``remaining`` tokens, or ``None`` to
+        sample as usual (:mod:`polykv_agents.sampling.grammar_closing`). Once it has returned a token, it keeps
+        returning the closing walk's tokens, then an end-of-turn token."""
+        if self._matcher.is_stopped():
+            return None
+        texts = TokenTexts.of(self._tokenizer, self._vocab_size)
+        if self._closing_window is None:  # the first step: how long the shortest output is sets when to look
+            shortest = closing_walk(self._matcher, self._scanner, texts, limit=remaining)
+            self._closing_window = CLOSING_WINDOW + (remaining if shortest is None else len(shortest))
+        if remaining > self._closing_window:
+            return None
+        walk = closing_walk(self._matcher, self._scanner, texts, limit=remaining)
+        if walk is None:
+            return None  # no way out within the budget: the answer will be cut, as without closing
+        if not walk:  # the grammar may end here: end the answer if closing, else let the model choose
+            return self._eos_ids[0] if self.closing and self._eos_ids else None
+        if self.closing or len(walk) + CLOSING_MARGIN >= remaining:
+            self.closing = True
+            return walk[0]
+        return None
 
     @property
     def finished(self) -> bool:

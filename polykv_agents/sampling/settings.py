@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.sampling.grammar import TokenConstraint
+from polykv_agents.sampling.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprob
 
 
 class GenerationSettings(BaseModel):
@@ -41,6 +42,12 @@ class GenerationSettings(BaseModel):
     greedy decoding too. The pooled document is not counted: it is shared by every agent, and penalizing its
     words would push answers away from the document they are about."""
     seed: int | None = None
+    close_grammar: bool = True
+    """Under a grammar, write the shortest way to complete it when the budget is about to run out, so the output
+    parses (:mod:`polykv_agents.sampling.grammar_closing`); ``False``: sample to the end and let it be cut."""
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    """Report each chosen token's log-probability (:mod:`polykv_agents.sampling.logprobs`) and the ``logprobs``
+    most likely alternatives' (0: none); ``None``: report nothing (and compute nothing)."""
     """Seed of the sampling generator; ``None`` draws one from torch's global generator."""
     stop: tuple[str, ...] = ()
     """Stop sequences (may span several tokens); the answer ends before the first one."""
@@ -165,6 +172,11 @@ class GenerationStats:
     """When the runtime began its prompt (a batch row was free, or the compute thread took it)."""
     first_token_at: float | None = None
     finished_at: float | None = None
+    logprobs: list[TokenLogprob] | None = None
+    """The delivered tokens' log-probabilities, in order, when the settings ask for them; else ``None``."""
+    grammar_closed: bool = False
+    """The grammar was closed to fit the budget (:attr:`GenerationSettings.close_grammar`): the output parses,
+    but its last tokens were chosen to complete it, not sampled."""
 
     def seconds(self) -> dict[str, float | None]:
         """Where the call's time went: ``queue_s`` (waiting for a row), ``prefill_s`` (its prompt, to the first
@@ -208,16 +220,29 @@ def choose_token(
     constraint: TokenConstraint | None,
     eos_ids: frozenset[int],
     history: set[int] | None = None,
+    logprobs: list[TokenLogprob] | None = None,
+    remaining: int | None = None,
 ) -> tuple[int | None, Literal["stop"] | None]:
     """One decode step's outcome, shared by the batched scheduler and the private loop:
     ``(token to deliver or None, "stop" when the answer ends here or None)``. EOS ends the answer
     (unless ignored) and is not delivered; a grammar that is complete ends it after its last token.
-    The chosen token joins ``history`` (:func:`repetition_history`)."""
-    token = next_token(logits, settings, generator, constraint, history)
+    The chosen token joins ``history`` (:func:`repetition_history`); a delivered token's log-probability under
+    ``logits`` (the model's, before any processing) is appended to ``logprobs`` when given. With ``remaining``
+    (the tokens left in the budget, this one included) a grammar is closed in time
+    (:attr:`GenerationSettings.close_grammar`).
+    """
+    # Kept aside before sampling: a grammar masks the logits in place.
+    scored = None if logprobs is None else (logits.clone() if constraint is not None else logits)
+    closing = None
+    if constraint is not None and settings.close_grammar and remaining is not None:
+        closing = constraint.closing_token(remaining)  # the budget is nearly spent: complete the grammar
+    token = closing if closing is not None else next_token(logits, settings, generator, constraint, history)
     if history is not None:
         history.add(token)
     if token in eos_ids and not settings.ignore_eos:
         return None, "stop"
+    if scored is not None and logprobs is not None:
+        logprobs.append(token_logprob(scored, token, settings.logprobs or 0))
     if constraint is not None:
         constraint.advance(token)
         if constraint.finished:

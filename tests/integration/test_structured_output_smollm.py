@@ -3,6 +3,8 @@ schema every time, because decoding is constrained (unconstrained, it rarely wri
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -61,3 +63,33 @@ def test_tool_calls_on_smollm_parse_validate_and_carry_ids(chat, question):
     assert call["id"].startswith("call_")
     assert message.response_metadata["finish_reason"] == "tool_calls"
     assert message.usage_metadata["input_token_details"]["cache_read"] > 1000
+
+
+class StepPlan(BaseModel):
+    """A plan with a title, three or more steps and a priority: what the 135M model loops inside at 120 tokens."""
+
+    title: str
+    steps: list[str] = Field(min_length=3, description="three to five short steps")
+    priority: Literal["low", "medium", "high"]
+
+
+PLAN_REQUESTS = [
+    "Plan a review of this document.",
+    "Plan how to fix the leakage problem.",
+    "Make a plan to brief the board on the risks.",
+    "Plan the next quarter's work from this document.",
+    "Write a step-by-step plan to address the drought risk.",
+]
+
+
+def test_every_plan_parses_within_120_tokens(chat):
+    """Measured on this machine: without closing, 0 of these 5 parse at max_tokens=120 (each loops in its steps
+    until the budget ends); with it (the default), 5 of 5, each flagged as closed."""
+    structured = chat.model_copy(update={"max_tokens": 120}).with_structured_output(StepPlan, include_raw=True)
+    results = structured.batch(PLAN_REQUESTS)
+    assert [r["parsing_error"] for r in results] == [None] * len(PLAN_REQUESTS)
+    for result in results:
+        assert isinstance(result["parsed"], StepPlan) and len(result["parsed"].steps) >= 3
+        assert result["raw"].usage_metadata["output_tokens"] <= 120
+        if result["raw"].response_metadata.get("grammar_closed"):
+            assert result["raw"].response_metadata["finish_reason"] == "length"

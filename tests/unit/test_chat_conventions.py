@@ -187,3 +187,76 @@ def test_configurable_fields_set_a_setting_per_run(tiny_model_dir):
     assert configured.usage_metadata["output_tokens"] == 3
     with pytest.raises(ValueError, match="no setting 'max_new_tokens'"):
         chat.with_config(configurable={"max_tokens": 3}).invoke(MESSAGES, max_new_tokens=2)
+
+
+def test_logprobs_report_each_answer_tokens_log_probability_in_chatopenais_form(tiny_model_dir):
+    """Without a pool the prompt is the whole input, so the first token's logprobs are a plain forward's."""
+    model, tokenizer = load_model(tiny_model_dir)
+    from polykv_agents.chat.messages import to_chat_messages
+
+    chat = ChatPolyKV(model=tiny_model_dir, max_tokens=6, ignore_eos=True, logprobs=True, top_logprobs=3)
+    reply = chat.invoke(MESSAGES)
+    content = reply.response_metadata["logprobs"]["content"]
+    assert len(content) == reply.usage_metadata["output_tokens"] == 6
+    assert "".join(item["token"] for item in content) == reply.text
+    for item in content:  # greedy: the chosen token is the most likely one
+        assert [alt["logprob"] for alt in item["top_logprobs"]] == sorted(
+            (alt["logprob"] for alt in item["top_logprobs"]), reverse=True
+        )
+        assert item["top_logprobs"][0]["token"] == item["token"]
+        assert item["logprob"] == item["top_logprobs"][0]["logprob"] <= 0
+        assert item["bytes"] == list(item["token"].encode())
+    ids = encode_prompt(tokenizer, to_chat_messages(MESSAGES)).unsqueeze(0)
+    with torch.inference_mode():
+        expected = torch.log_softmax(model(ids).logits[0, -1].float(), dim=-1)
+    assert content[0]["logprob"] == pytest.approx(float(expected.max()), abs=1e-5)
+    assert "logprobs" not in ChatPolyKV(model=tiny_model_dir, max_tokens=2).invoke(MESSAGES).response_metadata
+    with pytest.raises(ValueError, match="needs logprobs=True"):
+        ChatPolyKV(model=tiny_model_dir, max_tokens=2).invoke(MESSAGES, top_logprobs=2)
+
+
+def test_logprobs_are_per_row_in_the_batched_runtime_and_are_the_models_not_the_samplers(tiny_model_dir):
+    """Batched rows report what the private runtime reports; a repetition penalty changes the chosen tokens, not
+    the log-probabilities of the model's own distribution they are scored under."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from polykv_agents import SharedKVPool
+
+    model, tokenizer = load_model(tiny_model_dir)
+    pool = SharedKVPool.prefill(
+        model, tokenizer, [{"role": "user", "content": "Values use a three-bit codebook. " * 8}]
+    )
+    chat = ChatPolyKV(model=tiny_model_dir, max_tokens=8, ignore_eos=True, logprobs=True, top_logprobs=1)
+    chat = chat.with_pool(pool)
+    settings = [{}, {"repetition_penalty": 1.8}, {"logprobs": False}]
+
+    def answer(runtime: str, call: dict) -> dict:
+        return chat.model_copy(update={"runtime": runtime}).invoke(MESSAGES, **call).response_metadata
+
+    with ThreadPoolExecutor(len(settings)) as executor:
+        batched = list(executor.map(lambda call: answer("decompressed", call), settings))
+    private = [answer("private", call) for call in settings[:2]]
+    for got, want in zip(batched[:2], private, strict=True):
+        assert [i["token"] for i in got["logprobs"]["content"]] == [i["token"] for i in want["logprobs"]["content"]]
+        assert [i["logprob"] for i in got["logprobs"]["content"]] == pytest.approx(
+            [i["logprob"] for i in want["logprobs"]["content"]], abs=1e-4
+        )
+    assert "logprobs" not in batched[2]
+    penalized = batched[1]["logprobs"]["content"]
+    assert any(item["logprob"] < item["top_logprobs"][0]["logprob"] for item in penalized)
+
+
+def test_logprobs_under_a_grammar_are_the_models_own_not_the_masked_distribution(tiny_model_dir):
+    """A forced tool call's tokens are ones the random tiny model finds unlikely: their logprobs say so (a masked
+    distribution would give a forced token logprob 0)."""
+
+    def switch(on: bool) -> str:
+        """Switch the light on or off."""
+        return "done"
+
+    chat = ChatPolyKV(model=tiny_model_dir, max_tokens=120, logprobs=True, top_logprobs=2)
+    reply = chat.bind_tools([switch], tool_choice="any").invoke("Switch the light on.")
+    assert reply.tool_calls
+    content = reply.response_metadata["logprobs"]["content"]
+    assert len(content) == reply.usage_metadata["output_tokens"]
+    assert sum(item["logprob"] < item["top_logprobs"][0]["logprob"] for item in content) > len(content) // 2
