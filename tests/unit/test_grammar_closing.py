@@ -35,9 +35,13 @@ def chat(request, tiny_model_dir) -> ChatPolyKV:
     return chat.with_pool(SharedKVPool.prefill(model, tokenizer, "A plan needs a title, steps and a priority. " * 3))
 
 
-def test_a_forced_tool_call_that_would_run_past_max_tokens_is_closed_in_time(chat):
-    """The random model writes a number that never ends; the call is closed within 80 tokens instead of cut."""
-    bound = chat.model_copy(update={"max_tokens": 80}).bind_tools([multiply], tool_choice="any")
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_forced_tool_call_that_would_run_past_max_tokens_is_closed_in_time(chat, parallel):
+    """The random model writes a number that never ends; the call is closed within 80 tokens instead of cut. With
+    parallel calls allowed the grammar could go on after it: the answer ends there instead."""
+    bound = chat.model_copy(update={"max_tokens": 80}).bind_tools(
+        [multiply], tool_choice="any", parallel_tool_calls=parallel
+    )
     reply = bound.invoke("What is 6 times 7?")
     (call,) = reply.tool_calls
     assert call["name"] == "multiply" and set(call["args"]) == {"a", "b"}
