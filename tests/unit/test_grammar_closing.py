@@ -45,6 +45,7 @@ def test_a_forced_tool_call_that_would_run_past_max_tokens_is_closed_in_time(cha
     reply = bound.invoke("What is 6 times 7?")
     (call,) = reply.tool_calls
     assert call["name"] == "multiply" and set(call["args"]) == {"a", "b"}
+    assert reply.invalid_tool_calls == []
     assert reply.response_metadata["finish_reason"] == "length"
     assert reply.response_metadata["grammar_closed"] is True
     assert reply.usage_metadata["output_tokens"] <= 80
