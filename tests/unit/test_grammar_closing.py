@@ -113,3 +113,22 @@ def test_the_closing_walk_completes_a_partial_answer_into_valid_json(tiny_model_
     assert walk is not None
     Plan.model_validate(json.loads(written + tokenizer.decode(walk)))
     assert closing_walk(constraint._matcher, constraint._scanner, texts, limit=len(walk) - 1) is None
+
+
+def test_once_closing_a_grammar_that_may_go_on_ends_the_answer(tiny_model_dir):
+    """After a complete call, a parallel-calls grammar allows another one: a call being closed ends there (an
+    end-of-turn token), while one the model is writing freely lets the model choose."""
+    from polykv_agents.prompting.tool_calls import format_tools, normalize_tool_choice, tool_call_grammar
+
+    model, tokenizer = load_model(tiny_model_dir)
+    eos = sorted(eos_token_ids(model, tokenizer))
+    tools = format_tools([multiply])
+    grammar = tool_call_grammar(tools, normalize_tool_choice("any", tools), parallel=True)
+    call = '<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>'
+    for closing in (False, True):
+        constraint = TokenConstraint(grammar, tokenizer, model.config.vocab_size, eos)
+        for token in tokenizer(call, add_special_tokens=False).input_ids:
+            constraint.advance(token)
+        assert not constraint.finished  # another call may follow
+        constraint.closing = closing
+        assert constraint.closing_token(remaining=3) == (eos[0] if closing else None)
