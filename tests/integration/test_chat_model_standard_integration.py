@@ -11,7 +11,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 from tiny_models import tiny_llama, tiny_tokenizer
 
-from polykv_agents import SharedKVPool, ToolCallCutError, load_model
+from polykv_agents import SharedKVPool, load_model
 from polykv_agents.chat.chat_model import ChatPolyKV
 
 pytestmark = pytest.mark.real_model
@@ -35,12 +35,12 @@ def _sample_pool() -> SharedKVPool:
     return SharedKVPool.prefill(model, tokenizer, [{"role": "user", "content": text}])
 
 
-# Measured: SmolLM2-135M repeats itself inside these tests' free-text strings ("The cat was a cat, and the cat was
-# a cat, ...") until max_tokens. The grammar keeps every token valid JSON; the parser then rightly refuses the
-# unfinished document. That is the 135M model's ability, not the code: the same paths are checked with prompts
-# it can finish in tests/integration/test_structured_output_smollm.py and tests/unit/test_structured_output.py.
-LOOPS_IN_STRINGS = pytest.mark.xfail(
-    reason="SmolLM2-135M loops inside the joke's free-text string until max_tokens; the unfinished JSON is refused",
+# Measured: under json_mode (any JSON object, no schema) SmolLM2-135M nests the joke's keys into each other
+# ({"setup": {"setup": {...}}}) until max_tokens. Closed in time (grammar closing), the answer parses as JSON, but it
+# is not a Joke, and the strict parser says so. That is the 135M model's ability, not the code. (The schema tests,
+# where it used to loop inside free-text strings until max_tokens, pass since answers are closed within the budget.)
+NESTS_KEYS = pytest.mark.xfail(
+    reason="under json_mode SmolLM2-135M nests the joke's keys into each other; the closed JSON is not a Joke",
     raises=OutputParserException,  # the strict parser's refusal, nothing else
     strict=True,  # greedy decoding is deterministic: a pass means the model or the code changed, so look
 )
@@ -100,35 +100,9 @@ class TestChatPolyKVIntegration(ChatModelIntegrationTests):
         assert message.usage_metadata["input_token_details"]["cache_read"] == pool.num_tokens
         return message
 
-    @LOOPS_IN_STRINGS
-    @pytest.mark.parametrize("schema_type", SCHEMA_TYPES)
-    def test_structured_output(self, model, schema_type) -> None:
-        super().test_structured_output(model, schema_type)
-
-    @LOOPS_IN_STRINGS
-    @pytest.mark.parametrize("schema_type", SCHEMA_TYPES)
-    async def test_structured_output_async(self, model, schema_type) -> None:
-        await super().test_structured_output_async(model, schema_type)
-
-    @LOOPS_IN_STRINGS
-    def test_structured_output_pydantic_2_v1(self, model) -> None:
-        super().test_structured_output_pydantic_2_v1(model)
-
-    @LOOPS_IN_STRINGS
-    def test_structured_output_optional_param(self, model) -> None:
-        super().test_structured_output_optional_param(model)
-
-    @LOOPS_IN_STRINGS
+    @NESTS_KEYS
     def test_json_mode(self, model) -> None:
         super().test_json_mode(model)
-
-    @pytest.mark.xfail(
-        reason="SmolLM2-135M loops inside the customer description string until max_tokens, so the call never closes",
-        raises=ToolCallCutError,  # a forced call cut by max_tokens is an error, never text
-        strict=True,
-    )
-    def test_unicode_tool_call_integration(self, model, *args, **kwargs) -> None:
-        super().test_unicode_tool_call_integration(model, *args, **kwargs)
 
     @pytest.mark.xfail(
         reason="with tool_choice='auto', SmolLM2-135M answers the weather question in text instead of calling the tool",
