@@ -48,7 +48,8 @@ class PolyKVContext(BaseModel):
 
     def chat_settings(self) -> dict[str, Any]:
         """The chat model fields this context sets (the ones not left at ``None``)."""
-        return {name: value for name in ("model", "max_tokens", "runtime", "weights") if (value := getattr(self, name))}
+        fields = ("model", "max_tokens", "runtime", "weights")
+        return {name: getattr(self, name) for name in fields if getattr(self, name) is not None}
 
     def apply_to_chat(self, chat: ChatPolyKV) -> ChatPolyKV:
         """``chat`` with this run's settings (validated here, with the chat model's own field types)."""

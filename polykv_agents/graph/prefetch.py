@@ -118,6 +118,12 @@ class PrefetchDocument:
         chat, compression = context.apply_to_chat(self.chat), context.apply_to_config(self.config)
         store_dir = None if self.store is None else self.store.directory  # get_or_build saves it there
         if self.cluster is not None:
+            if context.model is not None or context.weights is not None:
+                msg = (
+                    "a Ray cluster serves the one model it was started with; leave model and weights out of the "
+                    "run's context, or start a cluster (RayCluster(model=...)) for that model"
+                )
+                raise ValueError(msg)
             store = None if store_dir is None else str(store_dir.absolute())
             handle = self.cluster.prefetch(self.document_messages(state), config=compression, store_dir=store)
             return {self.pool_key: handle.to_state()}

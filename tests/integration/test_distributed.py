@@ -127,6 +127,8 @@ def test_a_graph_dispatched_to_the_cluster_answers_as_the_single_process_run(nod
         assert remote["answer"] == local["answer"]
         assert remote["pool"]["digest"] == local["pool"]["digest"] and remote["pool"]["object_id"] is not None
         assert cluster.directory_stats()["builds"] == {remote["pool"]["digest"]: 1}
+        with pytest.raises(ValueError, match="serves the one model it was started with"):  # the run's context
+            role_swarm.build_graph(chat=chat, cluster=cluster).invoke(inputs, context={"model": "another/model"})
     finally:
         cluster.shutdown()
 
