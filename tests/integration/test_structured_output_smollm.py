@@ -83,10 +83,13 @@ PLAN_REQUESTS = [
 
 
 def test_every_plan_parses_within_120_tokens(chat):
-    """Measured on this machine: without closing, 0 of these 5 parse at max_tokens=120 (each loops in its steps
-    until the budget ends); with it (the default), 5 of 5, each flagged as closed."""
-    structured = chat.model_copy(update={"max_tokens": 120}).with_structured_output(StepPlan, include_raw=True)
-    results = structured.batch(PLAN_REQUESTS)
+    """With grammar closing (the default) every plan parses at max_tokens=120; without it most do not, because the
+    135M model loops in its steps until the budget ends (0 of 5 parsed when measured on this machine)."""
+    budget = chat.model_copy(update={"max_tokens": 120})
+    unclosed = budget.model_copy(update={"close_grammar": False})
+    cut = unclosed.with_structured_output(StepPlan, include_raw=True).batch(PLAN_REQUESTS)
+    assert sum(r["parsing_error"] is not None for r in cut) >= 3
+    results = budget.with_structured_output(StepPlan, include_raw=True).batch(PLAN_REQUESTS)
     assert [r["parsing_error"] for r in results] == [None] * len(PLAN_REQUESTS)
     for result in results:
         assert isinstance(result["parsed"], StepPlan) and len(result["parsed"].steps) >= 3
