@@ -39,6 +39,11 @@ class _Forced:
     def finished(self) -> bool:
         return self.done == len(self.tokens)
 
+    closing = False  # a grammar this short never needs closing to fit the budget
+
+    def closing_token(self, remaining: int) -> int | None:
+        return None
+
 
 def test_a_private_call_follows_its_own_grammar_and_stops_where_it_ends(model, tiny_tok, monkeypatch):
     settings = GenerationSettings(max_new_tokens=6)
