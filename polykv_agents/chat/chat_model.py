@@ -171,6 +171,9 @@ class ChatPolyKV(BaseChatModel):
         logprobs: bool | None, top_logprobs: int | None
             Each answer token's log-probability (and the ``top_logprobs`` likeliest alternatives') in
             ``response_metadata["logprobs"]``, as ChatOpenAI reports them.
+        close_grammar: bool
+            Complete structured output or a forced tool call before ``max_tokens`` runs out (default), so it parses;
+            flagged ``response_metadata["grammar_closed"]`` with ``finish_reason="length"``.
 
     Key init args — client params:
         pool: PoolHandle | None

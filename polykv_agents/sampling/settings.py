@@ -42,13 +42,13 @@ class GenerationSettings(BaseModel):
     greedy decoding too. The pooled document is not counted: it is shared by every agent, and penalizing its
     words would push answers away from the document they are about."""
     seed: int | None = None
+    """Seed of the sampling generator; ``None`` draws one from torch's global generator."""
     close_grammar: bool = True
     """Under a grammar, write the shortest way to complete it when the budget is about to run out, so the output
     parses (:mod:`polykv_agents.sampling.grammar_closing`); ``False``: sample to the end and let it be cut."""
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     """Report each chosen token's log-probability (:mod:`polykv_agents.sampling.logprobs`) and the ``logprobs``
     most likely alternatives' (0: none); ``None``: report nothing (and compute nothing)."""
-    """Seed of the sampling generator; ``None`` draws one from torch's global generator."""
     stop: tuple[str, ...] = ()
     """Stop sequences (may span several tokens); the answer ends before the first one."""
     ignore_eos: bool = False
