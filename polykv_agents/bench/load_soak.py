@@ -98,19 +98,17 @@ def load_section(options: LoadSoakOptions, model, tokenizer, text: str) -> dict:
 
 
 def soak_section(options: LoadSoakOptions, tokenizer, text: str, progress: Progress) -> dict:
-    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
     from langgraph.checkpoint.sqlite import SqliteSaver
 
     from polykv_agents.bench.soak import growth, run_soak
     from polykv_agents.engine import default_engine
-    from polykv_agents.pool.handle import PoolHandle
 
     role_swarm = load_workflow("role_swarm", options.graphs)
     pools = default_engine().pools  # the graph's chat models build their pools there
     pools.max_bytes = options.budget_mib * 1024 * 1024
     with tempfile.TemporaryDirectory() as tmp:
         conn = sqlite3.connect(Path(tmp) / "threads.sqlite", check_same_thread=False)
-        saver = SqliteSaver(conn, serde=JsonPlusSerializer(allowed_msgpack_modules=[PoolHandle]))
+        saver = SqliteSaver(conn)  # the handle in state is plain JSON: no allow-list
         graph = role_swarm.build_graph(max_tokens=options.soak_tokens, checkpointer=saver)
 
         def invoke(run: int):

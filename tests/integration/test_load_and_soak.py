@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 from tiny_models import tiny_sensitive_llama, tiny_tokenizer
 
@@ -16,7 +15,6 @@ from polykv_agents import Engine, SharedKVPool, load_model
 from polykv_agents.bench.load import load_cases, run_load
 from polykv_agents.bench.soak import growth, run_soak
 from polykv_agents.chat.chat_model import ChatPolyKV
-from polykv_agents.pool.handle import PoolHandle
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `graphs`
 
@@ -59,7 +57,7 @@ def soak_engine():
 
 def test_300_workflow_runs_keep_memory_tensors_and_threads_bounded(tiny_model_dir, tmp_path, soak_engine):
     conn = sqlite3.connect(tmp_path / "threads.sqlite", check_same_thread=False)
-    saver = SqliteSaver(conn, serde=JsonPlusSerializer(allowed_msgpack_modules=[PoolHandle]))
+    saver = SqliteSaver(conn)  # the handle in state is plain JSON: no allow-list
     chat = ChatPolyKV(model=tiny_model_dir, max_tokens=6)
     graph = role_swarm.build_graph(chat=chat, checkpointer=saver, engine=soak_engine)
 
