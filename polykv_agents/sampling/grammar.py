@@ -20,6 +20,7 @@ Calls without a grammar have no constraint and pay nothing.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import weakref
@@ -29,7 +30,6 @@ from typing import Any
 import llguidance
 import llguidance.hf
 import llguidance.torch
-import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -38,6 +38,7 @@ from polykv_agents.sampling.grammar_closing import (
     CLOSING_WINDOW,
     JsonScanner,
     TokenTexts,
+    allowed_tokens,
     closing_walk,
 )
 
@@ -141,18 +142,16 @@ class TokenConstraint:
     def mask_(self, logits: torch.Tensor) -> torch.Tensor:
         """Set the logits ``[vocab]`` of every token the grammar does not allow next to -inf, in place.
 
-        The bits are unpacked here rather than with llguidance's helpers: its torch one is a ``torch.compile``
-        kernel (a C++ compiler at run time; it refuses bf16 or CUDA inference tensors), and its numpy one
+        The bits are unpacked with numpy (:func:`~polykv_agents.sampling.grammar_closing.allowed_tokens`), not
+        with llguidance's helpers: its torch one is a ``torch.compile`` kernel (a C++ compiler at run time; it
+        refuses bf16 or CUDA inference tensors), and its numpy one
         masks numpy logits only. numpy's ``unpackbits`` then gives a boolean mask for logits of any dtype and
         device, and was faster on the decode thread than unpacking with torch shifts, which this replaced
         (benchmarks/results/grammar_overhead.md has the per-token cost of the whole mask).
         """
-        llguidance.torch.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
+        allowed = allowed_tokens(self._matcher, self._vocab_size, self._bitmask)  # [V]
         self._check()
-        # Bit i of word w allows token 32 * w + i: the words' bytes in little-endian order, each byte's bits low first.
-        words = self._bitmask.numpy()[0].astype("<i4", copy=False)  # [ceil(V / 32)]
-        allowed = np.unpackbits(words.view(np.uint8), bitorder="little")[: self._vocab_size]  # [V], 1 = allowed
-        disallowed = torch.from_numpy(allowed == 0).to(logits.device)
+        disallowed = torch.from_numpy(~allowed).to(logits.device)
         with torch.inference_mode():  # the logits are inference tensors of the forward pass
             logits.masked_fill_(disallowed, float("-inf"))
         return logits
@@ -163,7 +162,12 @@ class TokenConstraint:
             self._check()
             msg = f"constrained decoding failed: the grammar does not allow token {token} here"
             raise GrammarError(msg)
-        self._scanner.feed(self._tokenizer.convert_tokens_to_string(self._tokenizer.convert_ids_to_tokens([token])))
+        self._scanner.feed(self._texts.text[token])
+
+    @functools.cached_property
+    def _texts(self) -> TokenTexts:
+        """The tokenizer's token texts (decoded once per tokenizer, shared by its calls)."""
+        return TokenTexts.of(self._tokenizer, self._vocab_size)
 
     def closing_token(self, remaining: int) -> int | None:
         """The token to write next so that the grammar is complete within ``remaining`` tokens, or ``None`` to
@@ -171,7 +175,7 @@ class TokenConstraint:
         returning the closing walk's tokens, then an end-of-turn token."""
         if self._matcher.is_stopped():
             return None
-        texts = TokenTexts.of(self._tokenizer, self._vocab_size)
+        texts = self._texts
         if self._closing_window is None:  # the first step: how long the shortest output is sets when to look
             shortest = closing_walk(self._matcher, self._scanner, texts, limit=remaining)
             self._closing_window = CLOSING_WINDOW + (remaining if shortest is None else len(shortest))

@@ -86,11 +86,13 @@ class JsonScanner:
                 self.in_string = not self.in_string
 
 
-def allowed_tokens(matcher: llguidance.LLMatcher, vocab_size: int) -> np.ndarray:
-    """``[V]`` bool: the tokens ``matcher`` allows next."""
-    words = (vocab_size + 31) // 32
-    bitmask = torch.zeros((1, words), dtype=torch.int32)
+def allowed_tokens(matcher: llguidance.LLMatcher, vocab_size: int, bitmask: torch.Tensor | None = None) -> np.ndarray:
+    """``[V]`` bool: the tokens ``matcher`` allows next. ``bitmask`` (``[1, ceil(V / 32)]`` int32) is filled in place;
+    ``None``: a new one."""
+    if bitmask is None:
+        bitmask = torch.zeros((1, (vocab_size + 31) // 32), dtype=torch.int32)
     llguidance.torch.fill_next_token_bitmask(matcher, bitmask, 0)
+    # Bit i of word w allows token 32 * w + i: the words' bytes in little-endian order, each byte's bits low first.
     as_bytes = bitmask.numpy()[0].astype("<i4", copy=False).view(np.uint8)
     return np.unpackbits(as_bytes, bitorder="little")[:vocab_size].astype(bool)
 
