@@ -4,7 +4,9 @@ An engine holds
 - ``models``: loaded models and tokenizers, one copy per (name, dtype, device, weights);
 - ``pools``: the pools by digest, under a byte budget (:class:`~polykv_agents.pool.registry.PoolRegistry`);
 - ``schedulers``: the live batch schedulers, one per (model, pool, residency)
-  (:class:`~polykv_agents.runtime.scheduler_table.SchedulerTable`),
+  (:class:`~polykv_agents.runtime.scheduler_table.SchedulerTable`), and what finished calls over each pool
+  ran through the model, for later calls to reuse (``schedulers.prefixes``, a
+  :class:`~polykv_agents.runtime.prefix_tree.PrefixTrees` under its own byte budget),
 and turns a runtime name into a :class:`~polykv_agents.runtime.backend.Backend`.
 
 ``ChatPolyKV``, ``PrefetchDocument``, ``PooledAgent`` and the graphs take an engine, or use the
@@ -33,10 +35,13 @@ from polykv_agents.pool.registry import DEFAULT_MAX_BYTES, PoolRegistry
 from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.runtime.backend import Backend, BatchedBackend, PrivateBackend, Runtime, check_runtime
 from polykv_agents.runtime.scheduler import SCHEDULER_IDLE_SECONDS
-from polykv_agents.runtime.scheduler_table import SchedulerTable
+from polykv_agents.runtime.scheduler_table import DEFAULT_PREFIX_BYTES, SchedulerTable
 
 BUDGET_ENV_VAR = "POLYKV_POOL_BUDGET_BYTES"
 """Environment variable that sets the default engine's pool budget in bytes."""
+
+PREFIX_BUDGET_ENV_VAR = "POLYKV_PREFIX_BUDGET_BYTES"
+"""Environment variable that sets the default engine's budget for reusable call prefixes in bytes (0: no reuse)."""
 
 COMPILE_ENV_VAR = "POLYKV_COMPILE_DECODE"
 """Environment variable that turns on the default engine's compiled decode steps (``1``; ``0`` or unset: eager)."""
@@ -53,6 +58,9 @@ class Engine:
         compile_decode: Batched decode steps through ``torch.compile`` (see
             :class:`~polykv_agents.runtime.compiled_decode.CompiledDecoder`): faster steps after a compilation
             of tens of seconds per batch-size bucket; eager wherever compiling fails.
+        max_prefix_bytes: Byte budget of the keys and values that finished calls leave for later calls over the
+            same pool to reuse (a ReAct step, a follow-up turn, a prompt that extends another's); least recently
+            used first out beyond it. ``0`` turns reuse off: every call prefills all of its own tokens.
     """
 
     def __init__(
@@ -61,10 +69,13 @@ class Engine:
         max_pool_bytes: int | None = DEFAULT_MAX_BYTES,
         scheduler_idle_seconds: float | None = SCHEDULER_IDLE_SECONDS,
         compile_decode: bool | str | Callable = False,
+        max_prefix_bytes: int = DEFAULT_PREFIX_BYTES,
     ) -> None:
         self.models = ModelCache()
         self.pools = PoolRegistry(max_bytes=max_pool_bytes)
-        self.schedulers = SchedulerTable(idle_seconds=scheduler_idle_seconds, compile_decode=compile_decode)
+        self.schedulers = SchedulerTable(
+            idle_seconds=scheduler_idle_seconds, compile_decode=compile_decode, max_prefix_bytes=max_prefix_bytes
+        )
         self._backends: dict[str, Backend] = {
             "decompressed": BatchedBackend(self.schedulers, "decompressed"),
             "compressed": BatchedBackend(self.schedulers, "compressed"),
@@ -117,11 +128,16 @@ _DEFAULT_LOCK = threading.Lock()
 
 def default_engine() -> Engine:
     """The process-wide engine (created on first use; its pool budget comes from ``POLYKV_POOL_BUDGET_BYTES``,
-    and ``POLYKV_COMPILE_DECODE=1`` compiles its decode steps)."""
+    its reusable prefixes' budget from ``POLYKV_PREFIX_BUDGET_BYTES``, and ``POLYKV_COMPILE_DECODE=1`` compiles
+    its decode steps)."""
     global _DEFAULT
     with _DEFAULT_LOCK:
         if _DEFAULT is None:
-            _DEFAULT = Engine(max_pool_bytes=_budget_from_environment(), compile_decode=_compile_from_environment())
+            _DEFAULT = Engine(
+                max_pool_bytes=_bytes_from_environment(BUDGET_ENV_VAR, DEFAULT_MAX_BYTES),
+                compile_decode=_compile_from_environment(),
+                max_prefix_bytes=_bytes_from_environment(PREFIX_BUDGET_ENV_VAR, DEFAULT_PREFIX_BYTES),
+            )
         return _DEFAULT
 
 
@@ -155,14 +171,14 @@ def load_model(
     return default_engine().load_model(name_or_path, dtype=dtype, device=device, weights=weights)
 
 
-def _budget_from_environment() -> int:
-    value = os.environ.get(BUDGET_ENV_VAR)
+def _bytes_from_environment(name: str, default: int) -> int:
+    value = os.environ.get(name)
     if value is None:
-        return DEFAULT_MAX_BYTES
+        return default
     try:
         return int(value)
     except ValueError:
-        msg = f"{BUDGET_ENV_VAR} must be a whole number of bytes, got {value!r}"
+        msg = f"{name} must be a whole number of bytes, got {value!r}"
         raise ValueError(msg) from None
 
 

@@ -604,6 +604,8 @@ class ChatPolyKV(BaseChatModel):
             final = self._final_chunk(stats, model_name, pool, pool_source, finish_reason)
             if stats.grammar_closed:
                 final.message.response_metadata["grammar_closed"] = True
+            if stats.evicted_tokens:  # stored for reuse once, evicted since: prefilled again
+                final.message.response_metadata["prefix_evicted_tokens"] = stats.evicted_tokens
             if stats.logprobs is not None:
                 final.message.response_metadata["logprobs"] = openai_logprobs(stats.logprobs, tokenizer)
             if cut:
@@ -639,7 +641,8 @@ class ChatPolyKV(BaseChatModel):
             input_tokens=stats.cached_tokens + stats.prompt_tokens,
             output_tokens=stats.output_tokens,
             total_tokens=stats.cached_tokens + stats.prompt_tokens + stats.output_tokens,
-            input_token_details={"cache_read": stats.cached_tokens},
+            # Every token read instead of prefilled: the pool's and those reused from earlier calls over it.
+            input_token_details={"cache_read": stats.cached_tokens + stats.reused_tokens},
         )
         metadata = {
             "model_provider": "polykv",

@@ -41,6 +41,7 @@ from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.runtime.cascade_attention import CascadeContext, enable_cascade_attention
 from polykv_agents.runtime.compiled_decode import BATCH_BUCKETS, CompiledDecoder
+from polykv_agents.runtime.prefix_tree import PrefixMatch, PrefixTree
 from polykv_agents.runtime.request import DecodeRequest
 from polykv_agents.runtime.shared_prefix import Residency, SharedPrefix
 from polykv_agents.runtime.suffix_cache import SuffixCache
@@ -80,6 +81,7 @@ class _Request:
     produced: int = 0
     last_token: int = -1
     history: set[int] | None = None  # what a repetition penalty looks at (None: no penalty)
+    tokens: list[int] = field(default_factory=list)  # its prompt, then what it generated: the prefix tree's key
 
     def finish(self, reason: str) -> None:
         self.stats.finish_reason = reason  # type: ignore[assignment]
@@ -124,6 +126,8 @@ class BatchScheduler:
             Inductor, or the name of another ``torch.compile`` backend. The first
             step of each batch-size bucket compiles (tens of seconds for a 30-layer model on 2 cores, less
             from torch's compile cache); where compiling fails, steps run eager.
+        prefix_tree: Where finished calls leave their tokens' keys and values, and where a new call looks for
+            the longest stored start of its prompt, prefilling only the rest (exact reuse; ``None``: none).
     """
 
     idle_seconds: float | None = SCHEDULER_IDLE_SECONDS
@@ -141,6 +145,7 @@ class BatchScheduler:
         idle_seconds: float | None = SCHEDULER_IDLE_SECONDS,
         admission_chunk_tokens: int | None = ADMISSION_CHUNK_TOKENS,
         compile_decode: bool | str | Callable = False,
+        prefix_tree: PrefixTree | None = None,
     ) -> None:
         if admission_chunk_tokens is not None and admission_chunk_tokens < 1:
             msg = f"admission_chunk_tokens must be at least 1 or None, got {admission_chunk_tokens}"
@@ -150,6 +155,7 @@ class BatchScheduler:
         self.model = model
         self.prefix = run_on_compute_thread(SharedPrefix, pool, model, residency)
         self.max_batch_size = max_batch_size
+        self.prefix_tree = prefix_tree
         self.admission_chunk_tokens = admission_chunk_tokens
         self._admission: _Admission | None = None
         self.compiled: CompiledDecoder | None = None
@@ -182,6 +188,7 @@ class BatchScheduler:
         settings = request.settings
         row = _Request(request.prompt_ids, settings, budget, request.stats, settings.make_generator(), constraint)
         row.history = repetition_history(settings, request.prompt_ids)
+        row.tokens = request.prompt_ids.tolist()
         with self._wake:
             if self._closed:
                 msg = "this scheduler is closed; submit through a SchedulerTable (an Engine's), which starts a new one"
@@ -296,6 +303,7 @@ class BatchScheduler:
         if token is not None:
             request.produced += 1
             request.last_token = token
+            request.tokens.append(token)
             request.out.put(token)
         if reason is not None:
             request.finish(reason)
@@ -348,11 +356,14 @@ class BatchScheduler:
         for row, request in enumerate(admission.requests):
             if request.cancelled.is_set():  # its consumer left while its prompt was being prefilled
                 request.finish("stop")
+                self._remember(request, admission.rows, row)
                 continue
             self._emit(request, logits[row])
             if request.stats.finish_reason is None:
                 keep.append(row)
                 self._rows.append(request)
+            else:
+                self._remember(request, admission.rows, row)
         if keep:
             admission.rows.select(torch.tensor(keep, dtype=torch.long))
             self._cache.concat(admission.rows)
@@ -376,14 +387,42 @@ class BatchScheduler:
                 admitted.append(request)
         if not admitted:
             return None
-        width = max(r.prompt_ids.numel() for r in admitted)
+        matches = [self._stored_start(request) for request in admitted]
+        # Every row's last prompt token must land in the last column. The width is the longest part still to
+        # prefill; a row with less to prefill reads fewer stored tokens and prefills more of its own instead of
+        # padding: the same columns are computed either way.
+        width = max(r.prompt_ids.numel() - m.length for r, m in zip(admitted, matches, strict=True))
+        reused = [max(0, min(m.length, r.prompt_ids.numel() - width)) for r, m in zip(admitted, matches, strict=True)]
         ids = torch.zeros(len(admitted), width, dtype=torch.long)
-        rows = SuffixCache(self._num_layers, len(admitted))
-        for row, request in enumerate(admitted):
-            pad = width - request.prompt_ids.numel()
-            ids[row, pad:] = request.prompt_ids
+        rows = SuffixCache(self._num_layers, len(admitted), capacity=max(reused) + width)
+        for row, (request, match, stored) in enumerate(zip(admitted, matches, reused, strict=True)):
+            n = request.prompt_ids.numel()
+            pad = max(0, width - n)
+            ids[row, pad:] = request.prompt_ids[stored:]  # [n - stored] = [width - pad]
             rows.starts[row] = pad
+            if stored:
+                rows.load_row(row, [match.layer(i, stored) for i in range(self._num_layers)])
+            request.stats.reused_tokens = stored
+            request.stats.evicted_tokens = min(match.evicted_tokens, n - 1 - stored) if match.evicted_tokens else 0
         return _Admission(admitted, ids, rows)
+
+    def _stored_start(self, request: _Request) -> PrefixMatch:
+        """The longest start of ``request``'s prompt stored by earlier calls (never all of it: its last token
+        must run through the model for the first token's logits)."""
+        if self.prefix_tree is None:
+            return PrefixMatch()
+        return self.prefix_tree.match(request.tokens, request.prompt_ids.numel() - 1)
+
+    def _remember(self, request: _Request, cache: SuffixCache, row: int) -> None:
+        """Store what row ``row`` of ``cache`` ran through the model (``request``'s prompt and the tokens it
+        generated, but for the last one, which no forward has read yet) for later calls to reuse."""
+        if self.prefix_tree is None:
+            return
+        start, end = int(cache.starts[row]), int(cache.lengths[row])
+        if end <= start or not cache.layers[0].is_initialized:
+            return
+        layers = [(layer.keys[row, :, start:end], layer.values[row, :, start:end]) for layer in cache.layers]
+        self.prefix_tree.insert(request.tokens[: end - start], layers)
 
     def _drop_finished(self) -> None:
         keep = [i for i, r in enumerate(self._rows) if r.stats.finish_reason is None and not r.cancelled.is_set()]
@@ -392,6 +431,8 @@ class BatchScheduler:
         for i, request in enumerate(self._rows):
             if i not in keep and request.stats.finish_reason is None:
                 request.finish("stop")  # cancelled by its consumer
+            if i not in keep:
+                self._remember(request, self._cache, i)
         self._rows = [self._rows[i] for i in keep]
         self._cache.select(torch.tensor(keep, dtype=torch.long))
 

@@ -10,6 +10,8 @@ steps. The shared prefix is never stored here: cascade attention reads it from t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -93,6 +95,22 @@ class SuffixCache(Cache):
         for layer in self.layers:
             if layer.is_initialized:
                 layer.reserve(rows, capacity)
+
+    def load_row(self, row: int, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Fill row ``row``'s first slots with stored keys and values (per layer ``[KVH, m, D]``, e.g. a
+        :class:`~polykv_agents.runtime.prefix_tree.PrefixMatch`'s) and count them as filled: its next tokens go
+        after them. Call before any forward over this cache; layers not yet made are made here."""
+        for layer, (keys, values) in zip(self.layers, layers, strict=True):
+            if not layer.is_initialized:
+                shape = (self.batch_size, keys.shape[0], 0, keys.shape[2])  # [B, KVH, 0, D]; the slots: capacity
+                layer.lazy_initialization(keys.new_empty(shape), values.new_empty(shape))
+            length = keys.shape[1]
+            if length > layer.keys.shape[-2]:
+                layer.reserve(self.batch_size, length)
+            layer.keys[row, :, :length] = keys
+            layer.values[row, :, :length] = values
+        self.lengths[row] = layers[0][0].shape[1] if layers else 0
+        self._plan = None
 
     def write_plan(self, shape: torch.Size, device: torch.device) -> tuple[int, torch.Tensor]:
         """``(slots needed, scatter index [B, KVH, q, D])`` for this step's new tokens ``shape``.

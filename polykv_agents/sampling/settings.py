@@ -163,6 +163,11 @@ class GenerationStats:
     """New tokens run through the model for this call (role prompt, question, ...)."""
     cached_tokens: int
     """Tokens served from the pool instead of being prefilled again."""
+    reused_tokens: int = 0
+    """Of ``prompt_tokens``, how many were read from an earlier call's keys and values over the same pool
+    (:mod:`polykv_agents.runtime.prefix_tree`) instead of being prefilled."""
+    evicted_tokens: int = 0
+    """Of ``prompt_tokens``, how many were stored for reuse once but had been evicted, so were prefilled again."""
     output_tokens: int = 0
     finish_reason: Literal["stop", "length"] | None = None
     """``stop``: EOS or a stop sequence; ``length``: the token budget ran out."""

@@ -165,14 +165,21 @@ def test_a_chat_model_given_a_pool_object_keeps_it_through_eviction(tiny_model_d
     assert registry.build_count == 0
 
 
-def test_the_default_engines_budget_comes_from_the_environment(monkeypatch):
-    monkeypatch.setenv(engine_module.BUDGET_ENV_VAR, "12345")
-    assert engine_module._budget_from_environment() == 12345
-    monkeypatch.delenv(engine_module.BUDGET_ENV_VAR)
-    assert engine_module._budget_from_environment() == registry_module.DEFAULT_MAX_BYTES
-    monkeypatch.setenv(engine_module.BUDGET_ENV_VAR, "two gigabytes")
-    with pytest.raises(ValueError, match="whole number of bytes"):
-        engine_module._budget_from_environment()
+@pytest.mark.parametrize(
+    ("variable", "default"),
+    [
+        (engine_module.BUDGET_ENV_VAR, registry_module.DEFAULT_MAX_BYTES),
+        (engine_module.PREFIX_BUDGET_ENV_VAR, engine_module.DEFAULT_PREFIX_BYTES),
+    ],
+)
+def test_the_default_engines_budgets_come_from_the_environment(monkeypatch, variable, default):
+    monkeypatch.setenv(variable, "12345")
+    assert engine_module._bytes_from_environment(variable, default) == 12345
+    monkeypatch.delenv(variable)
+    assert engine_module._bytes_from_environment(variable, default) == default
+    monkeypatch.setenv(variable, "two gigabytes")
+    with pytest.raises(ValueError, match=f"{variable} must be a whole number of bytes"):
+        engine_module._bytes_from_environment(variable, default)
 
 
 def test_compiled_decode_for_the_default_engine_comes_from_the_environment(monkeypatch):
