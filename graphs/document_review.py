@@ -10,7 +10,9 @@ Data flow (state keys in brackets):
   -> specialist x N: one pooled call each, asked to check its entry's focus
       -> [findings] += {role, text, cache_read, pool_digest}
   -> critic: one pooled call over the findings -> [critique]
-  -> summarizer: one pooled call over findings and critique -> [summary]
+  -> summarizer: one pooled call that continues the critic's conversation (findings, question, critique) with
+      its own turn -> [summary]. Its prompt extends the critic's tokens, so the engine's prefix tree serves all
+      of them and only the summarizer's turn is prefilled (``cache_read`` = pool tokens + the critic's).
 Every call gets its chat model from ``prefetch.pooled_chat(state)``, so it reads the document from
 the pool (``cache_read`` = pool tokens) instead of prefilling it again. Each AIMessage is also
 appended to [messages], named after its role, for LangGraph Studio.
@@ -29,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.graph.state import CompiledStateGraph
@@ -201,11 +203,14 @@ def critic_messages(findings: Sequence[Finding], roles: Sequence[str]) -> list[B
 
 
 def summarizer_messages(findings: Sequence[Finding], roles: Sequence[str], critique: str) -> list[BaseMessage]:
-    task = (
-        f"The specialists' findings:\n{format_findings(findings, roles)}\n\nThe critic's view: {critique.strip()}"
-        "\n\nSummarise the review in three sentences."
-    )
-    return [SystemMessage(SUMMARIZER_PROMPT), HumanMessage(task)]
+    """The critic's conversation (findings, its question, its answer), then the summarizer's turn: its prompt
+    extends the critic's tokens, so it reads them from the pool's prefix tree and prefills only its own turn."""
+    return [
+        *critic_messages(findings, roles),
+        AIMessage(critique),
+        SystemMessage(SUMMARIZER_PROMPT),
+        HumanMessage("Summarise the review, with the critic's view, in three sentences."),
+    ]
 
 
 def check_input(state: State) -> dict[str, Any]:

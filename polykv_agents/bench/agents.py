@@ -171,12 +171,13 @@ def run_agents_bench(
         return [PooledAgent(pool, model, tokenizer, system_prompt=r, runtime=runtime, engine=engine) for r, _ in roles]
 
     # The warm engine's schedulers never retire: the baselines take longer than the idle timeout.
-    warm_engine = Engine(scheduler_idle_seconds=None)
+    warm_engine = Engine(scheduler_idle_seconds=None, max_prefix_bytes=0)
     warm = agents_on(warm_engine)
     prompts = [a.prompt_ids(q) for a, q in zip(warm, questions, strict=True)]
 
     def batched_cold() -> tuple[list[list[int]], float]:
-        engine = Engine(scheduler_idle_seconds=None)  # fresh: its scheduler decodes the prefix inside the run
+        # Fresh: its scheduler decodes the prefix inside the run.
+        engine = Engine(scheduler_idle_seconds=None, max_prefix_bytes=0)
         try:
             cold = agents_on(engine)
             return timed(lambda: answer_all(cold, questions, settings, parallel=True))

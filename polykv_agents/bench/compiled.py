@@ -100,8 +100,8 @@ def _speed_rows(weights: str, model, tokenizer, options: CompileOptions, progres
     questions = [q for _, q in roles]
     settings = GenerationSettings(max_new_tokens=options.new_tokens, ignore_eos=True)
     engines = {
-        "eager": Engine(scheduler_idle_seconds=None),
-        "compiled": Engine(scheduler_idle_seconds=None, compile_decode=options.backend),
+        "eager": Engine(scheduler_idle_seconds=None, max_prefix_bytes=0),
+        "compiled": Engine(scheduler_idle_seconds=None, max_prefix_bytes=0, compile_decode=options.backend),
     }
     rows, answers = [], {}
     try:
@@ -278,7 +278,7 @@ def main(request_path: str, result_path: str) -> None:
     from polykv_agents.sampling.settings import GenerationSettings
 
     request = json.loads(Path(request_path).read_text())
-    engine = Engine(scheduler_idle_seconds=None, compile_decode=request["backend"])
+    engine = Engine(scheduler_idle_seconds=None, max_prefix_bytes=0, compile_decode=request["backend"])
     model, tokenizer = engine.load_model(request["model"], weights=request["weights"])
     pool, roles = pool_and_roles(model, tokenizer, request["context_tokens"], 1)
     (agent,) = pooled_agents(pool, model, tokenizer, roles, engine)

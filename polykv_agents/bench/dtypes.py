@@ -50,7 +50,7 @@ def speed_row(model, tokenizer, ids: torch.Tensor, agents: int, new_tokens: int,
 
     prefill = median_after_warmup(repetitions, prefill_s)
     pool = SharedKVPool.prefill_tokens(model, tokenizer, ids)
-    engine = Engine(scheduler_idle_seconds=None)
+    engine = Engine(scheduler_idle_seconds=None, max_prefix_bytes=0)
     settings = GenerationSettings(max_new_tokens=new_tokens, ignore_eos=True)
     step_ms = {}
     for n in (1, agents):

@@ -136,7 +136,7 @@ def _ours_probe(model, tokenizer, document: str, context: int, decode_tokens: in
         return time.perf_counter() - started
 
     prefill_s = median_after_warmup(1, prefill_seconds)
-    engine = Engine(scheduler_idle_seconds=None, compile_decode=compiled)
+    engine = Engine(scheduler_idle_seconds=None, max_prefix_bytes=0, compile_decode=compiled)
     engine.warm_up_decode(model, tokenizer, pool)  # with compiled: the graph engine's model has its graphs
     roles = role_prompts(AGENTS)
     agents = [PooledAgent(pool, model, tokenizer, system_prompt=r, engine=engine) for r, _ in roles]

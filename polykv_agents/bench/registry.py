@@ -23,6 +23,7 @@ from polykv_agents.bench import (
     peers,
     quality,
     ray_scale_out,
+    reuse,
     speed,
     step_profile,
     weights,
@@ -30,8 +31,8 @@ from polykv_agents.bench import (
 from polykv_agents.bench.suite import Suite
 
 _MODULES = (
-    memory, quality, speed, dtypes, weights, compiled, step_profile, admission, ablation, peer, agents, graph_e2e,
-    peers, load_soak, grammar_overhead, ray_scale_out,
+    memory, quality, speed, dtypes, weights, compiled, step_profile, admission, reuse, ablation, peer, agents,
+    graph_e2e, peers, load_soak, grammar_overhead, ray_scale_out,
 )  # fmt: skip
 SUITES: dict[str, Suite] = {module.SUITE.name: module.SUITE for module in _MODULES}
 """Suite name -> suite (a documented registry: filled once, here, never changed at run time)."""

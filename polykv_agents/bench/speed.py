@@ -93,7 +93,7 @@ def run_speed_suite(
     )
     pools = {}
     # An engine whose schedulers never retire, so "warm" stays warm however long the baselines take.
-    engine = Engine(scheduler_idle_seconds=None)
+    engine = Engine(scheduler_idle_seconds=None, max_prefix_bytes=0)
     for context in contexts:
         progress(f"context {context}: prefill, compress, decompress")
         build, pool = _build_times(model, tokenizer, ids[:context], config, repetitions)

@@ -90,7 +90,7 @@ def profile_rows(model, tokenizer, pool, roles, *, agents: int, new_tokens: int)
     from polykv_agents.model.compute_thread import run_on_compute_thread
     from polykv_agents.sampling.settings import GenerationSettings
 
-    engine = Engine(scheduler_idle_seconds=None)
+    engine = Engine(scheduler_idle_seconds=None, max_prefix_bytes=0)
     try:
         crew = pooled_agents(pool, model, tokenizer, roles[:agents], engine)
         questions = [q for _, q in roles[:agents]]

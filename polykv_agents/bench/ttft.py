@@ -9,6 +9,10 @@
   What the first role call of a workflow run pays.
 - **pool, warm**: a later call, while the decoded prefix is resident (the scheduler of a running
   workflow); only the prompt is prefilled.
+
+These figures are the pool's alone: the suites' engines reuse nothing beyond it (``max_prefix_bytes=0``),
+or a warm call that repeats a prompt would read it from the prefix tree and prefill one token. What that
+reuse saves is measured by ``polykv-agents bench reuse``.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ def ttft_pool_cold(
     question: str, *, runtime: Residency = "decompressed",
 ) -> float:  # fmt: skip
     """Seconds to the first token of the first call of a fresh engine (the prefix decode included)."""
-    engine = Engine(scheduler_idle_seconds=None)
+    engine = Engine(scheduler_idle_seconds=None, max_prefix_bytes=0)
     try:
         agent = PooledAgent(pool, model, tokenizer, system_prompt=system_prompt, runtime=runtime, engine=engine)
         return _first_token_seconds(agent, question)

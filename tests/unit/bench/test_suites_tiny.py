@@ -172,6 +172,27 @@ def test_admission_suite_times_both_settings_for_each_running_count(tiny_model_d
         AdmissionOptions(new_tokens=8, join_after=8)
 
 
+def test_reuse_suite_reads_more_with_the_tree_and_sends_both_engines_the_same_prompts(long_context_model_dir, tmp_path):
+    from polykv_agents.bench.reuse import SUITE, ReuseOptions
+
+    options = ReuseOptions(model=long_context_model_dir, context_tokens=64, turns=3, new_tokens=4, roles=2, documents=1)
+    result = SUITE.run(options, [].append)
+    on = [r for r in result.conversation if r["tree"] == "on"]
+    off = [r for r in result.conversation if r["tree"] == "off"]
+    assert [r["turn"] for r in on] == [1, 2, 3]
+    assert [r["prompt_tokens"] for r in on] == [r["prompt_tokens"] for r in off]  # equal work
+    assert on[0]["cache_read"] == off[0]["cache_read"]  # nothing stored before the first turn
+    assert all(a["cache_read"] > b["cache_read"] for a, b in zip(on[1:], off[1:], strict=True))
+    stages = {(r["tree"], r["stage"]): r for r in result.review}
+    assert {stage for _, stage in stages} == {"planner", "specialist", "critic", "summarizer"}
+    assert stages["on", "specialist"]["calls"] == 2
+    # The summarizer continues the critic's conversation: with the tree, it reads the critic's tokens.
+    assert stages["on", "summarizer"]["cache_read"] > stages["off", "summarizer"]["cache_read"]
+    assert stages["on", "summarizer"]["cache_read"] > stages["on", "critic"]["prompt_tokens"] - 1
+    assert "summarizer read" in SUITE.rendered(result).blocks["reuse"]
+    assert [p.name for p in SUITE.write(result, tmp_path)] == ["reuse.json", "reuse.md"]
+
+
 def test_compile_suite_measures_eager_and_compiled_steps_and_the_compile_cost(tiny_model_dir, tmp_path):
     from polykv_agents.bench.compiled import SUITE, CompileOptions
 
