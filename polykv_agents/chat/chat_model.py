@@ -650,6 +650,7 @@ class ChatPolyKV(BaseChatModel):
             "finish_reason": finish_reason,
             "pool_digest": pool.digest if pool is not None else None,
             "pool_source": pool_source,
+            "reused_tokens": stats.reused_tokens,  # of cache_read, those from earlier calls (the prefix tree)
             **stats.seconds(),
         }
         message = AIMessageChunk(content="", usage_metadata=usage, response_metadata=metadata, chunk_position="last")

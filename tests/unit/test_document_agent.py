@@ -12,6 +12,7 @@ from langchain.agents.middleware import AgentMiddleware, ModelCallLimitMiddlewar
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
+from usage import pool_read, reused
 
 from graphs import document_agent
 from polykv_agents import default_engine
@@ -68,7 +69,9 @@ def test_a_loop_that_never_stops_calling_tools_ends_at_its_limit(chat):
     assert len(calls) == 3 and all(m.tool_calls for m in calls)
     assert sum(isinstance(m, ToolMessage) for m in state["messages"]) == 3
     assert default_engine().pools.build_count - builds_before == 1
-    assert {m.usage_metadata["input_token_details"]["cache_read"] for m in calls} == {state["pool"]["num_tokens"]}
+    assert {pool_read(m) for m in calls} == {state["pool"]["num_tokens"]}
+    # Each step extends the last one's conversation: it reads that from the prefix tree, and more at every step.
+    assert 0 == reused(calls[0]) < reused(calls[1]) < reused(calls[2])
 
 
 def test_the_first_model_call_looks_something_up_and_every_call_reads_the_pool(chat):
@@ -79,7 +82,7 @@ def test_the_first_model_call_looks_something_up_and_every_call_reads_the_pool(c
     results = [m for m in state["messages"] if isinstance(m, ToolMessage)]
     assert results and results[0].tool_call_id == calls[0].tool_calls[0]["id"]
     assert len(calls) <= document_agent.MAX_MODEL_CALLS
-    assert {m.usage_metadata["input_token_details"]["cache_read"] for m in calls} == {state["pool"]["num_tokens"]}
+    assert {pool_read(m) for m in calls} == {state["pool"]["num_tokens"]}
 
 
 async def test_the_agent_runs_async(chat):

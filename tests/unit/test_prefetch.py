@@ -9,6 +9,7 @@ import pytest
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_core.tracers.run_collector import RunCollectorCallbackHandler
+from usage import pool_read
 
 from graphs import role_swarm
 from polykv_agents import Engine, default_engine
@@ -55,7 +56,7 @@ def test_a_custom_engine_serves_a_whole_run_and_touches_nothing_global(tiny_mode
 
     with ThreadPoolExecutor(15) as executor:
         replies = list(executor.map(role_call, range(15)))
-    assert all(r.usage_metadata["input_token_details"]["cache_read"] == state["pool"]["num_tokens"] for r in replies)
+    assert all(pool_read(r) == state["pool"]["num_tokens"] for r in replies)
     assert engine.pools.build_count == 1 and len(engine.pools) == 1
     assert len(engine.models) == 1 and len(engine.schedulers) == 1
     assert not _touched(before, _global_state())
@@ -166,7 +167,9 @@ def test_the_document_prefill_is_a_traced_run_with_its_cache_usage(tiny_model_di
     (reused,) = second.usage[PREFILL_RUN_NAME]
     assert reused["input_token_details"] == {"cache_read": tokens}
     role_calls = first.usage["ChatPolyKV"]
-    assert len(role_calls) == 3 and {u["input_token_details"]["cache_read"] for u in role_calls} == {tokens}
+    # Every role call reads the pool; a later one may also read an earlier call's tokens (the prefix tree).
+    reads = sorted(u["input_token_details"]["cache_read"] for u in role_calls)
+    assert len(role_calls) == 3 and reads[0] == tokens and all(read >= tokens for read in reads)
     assert engine.pools.build_count == 1
 
 

@@ -9,6 +9,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from pydantic import BaseModel, Field
 from tiny_models import CHATML_TEMPLATE, tiny_hermes_tokenizer, tiny_llama
+from usage import pool_read
 
 from polykv_agents import SharedKVPool
 from polykv_agents.chat.chat_model import ChatPolyKV
@@ -113,4 +114,4 @@ def test_tool_calls_decode_end_to_end_under_a_template_with_tool_support(tmp_pat
         message = chat.bind_tools([Add], tool_choice="any").invoke(HISTORY[:2], seed=seed)
         assert len(message.tool_calls) == 1
         Add.model_validate(message.tool_calls[0]["args"])
-        assert message.usage_metadata["input_token_details"]["cache_read"] == pool.num_tokens
+        assert pool_read(message) == pool.num_tokens
