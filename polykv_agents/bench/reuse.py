@@ -82,6 +82,15 @@ def _engines() -> dict[str, Any]:
     return {"on": Engine(scheduler_idle_seconds=None), "off": Engine(scheduler_idle_seconds=None, max_prefix_bytes=0)}
 
 
+def _chat(options: ReuseOptions, engine):
+    """Every call's chat model: greedy, ``new_tokens`` long whatever the model says."""
+    from polykv_agents.chat.chat_model import ChatPolyKV
+    from polykv_agents.model.loading import DEFAULT_MODEL
+
+    model = options.model or DEFAULT_MODEL
+    return ChatPolyKV(model=model, max_tokens=options.new_tokens, ignore_eos=True, engine=engine)
+
+
 def _call_figures(message) -> dict[str, float]:
     meta, usage = message.response_metadata, message.usage_metadata
     return {
@@ -95,14 +104,7 @@ def _conversation(pool, engines: dict[str, Any], options: ReuseOptions) -> dict[
     """Per tree setting, the figures of every turn; the tree-on run's answers are the history of both."""
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
-    from polykv_agents.chat.chat_model import ChatPolyKV
-
-    chats = {
-        name: ChatPolyKV(model=options.model, max_tokens=options.new_tokens, ignore_eos=True, engine=engine).with_pool(
-            pool
-        )
-        for name, engine in engines.items()
-    }
+    chats = {name: _chat(options, engine).with_pool(pool) for name, engine in engines.items()}
     history: list = [SystemMessage(SYSTEM_PROMPT)]
     figures: dict[str, list[dict[str, float]]] = {name: [] for name in chats}
     for question in QUESTIONS[: options.turns]:
@@ -117,13 +119,12 @@ def _conversation(pool, engines: dict[str, Any], options: ReuseOptions) -> dict[
 def _review(document: str, engines: dict[str, Any], options: ReuseOptions, graphs: Path):
     """Per tree setting, per stage, the figures of the stage's calls in one review run."""
     from polykv_agents.bench.workflows import load_workflow
-    from polykv_agents.chat.chat_model import ChatPolyKV
 
     workflow = load_workflow("document_review", graphs)
     roles = list(workflow.ROLE_PROMPTS)[: options.roles]
     figures: dict[str, dict[str, list[dict[str, float]]]] = {}
     for name, engine in engines.items():
-        chat = ChatPolyKV(model=options.model, max_tokens=options.new_tokens, ignore_eos=True, engine=engine)
+        chat = _chat(options, engine)
         state = workflow.build_graph(chat=chat, engine=engine).invoke({"document": document, "roles": roles})
         by_stage: dict[str, list[dict[str, float]]] = {}
         for message in state["messages"]:
