@@ -65,7 +65,12 @@ def run_resume(review, thread_ids: list[str]) -> dict:
             raise SystemExit(msg)
         results[thread_id] = state = review.invoke(None, config)
         for message in state["messages"][-2:]:  # the two calls made in this process
-            report("CACHE_READ", f"{message.name}:{message.usage_metadata['input_token_details']['cache_read']}")
+            # cache_read = the pool's tokens + those reused from earlier calls (the summarizer reads the critic's)
+            reused = message.response_metadata["reused_tokens"]
+            report(
+                "POOL_READ", f"{message.name}:{message.usage_metadata['input_token_details']['cache_read'] - reused}"
+            )
+            report("REUSED", f"{message.name}:{reused}")
         print(f"thread {thread_id} critique: {state['critique'].strip()}")
         print(f"thread {thread_id} summary: {state['summary'].strip()}")
         report("RESUMED", thread_id)

@@ -4,7 +4,7 @@
     python examples/document_review.py --document report.md --roles legal finance risk --max-tokens 64
 
 Runs graphs/document_review.py on the embedded SmolLM2-135M-Instruct. The document is prefilled once
-into a compressed pool; every role reads it from there (cache_read = the pool's tokens). Prints the
+into a compressed pool; every role reads it from there (cache_read >= the pool's tokens). Prints the
 plan, each finding, the critique, the summary, and how many pools this process built.
 """
 

@@ -9,8 +9,10 @@ Data flow (state keys in brackets):
      <-> tools: ``search_document`` (paragraphs of [document] that match a query), ``percent_change``
   -> ends when the model answers in text, or after ``max_model_calls`` model calls: the limit ends the
      run with a final message (ModelCallLimitMiddleware, ``exit_behavior="end"``), never an error.
-Every model call reads the document from the pool (``cache_read`` = pool tokens), however many steps
-the loop takes. With ``tool_first`` (the default), the model must call a tool until one has answered:
+Every model call reads the document from the pool, however many steps the loop takes, and each step also
+reads the conversation so far (the last step's prompt and answer) from the pool's prefix tree: it
+prefills only the tool's result and what follows (``cache_read`` = pool tokens + those reused). With
+``tool_first`` (the default), the model must call a tool until one has answered:
 SmolLM2-135M, asked with ``tool_choice="auto"``, answers from memory instead of looking anything up.
 
     from graphs.document_agent import build_graph

@@ -14,7 +14,7 @@ Data flow (state keys in brackets):
       its own turn -> [summary]. Its prompt extends the critic's tokens, so the engine's prefix tree serves all
       of them and only the summarizer's turn is prefilled (``cache_read`` = pool tokens + the critic's).
 Every call gets its chat model from ``prefetch.pooled_chat(state)``, so it reads the document from
-the pool (``cache_read`` = pool tokens) instead of prefilling it again. Each AIMessage is also
+the pool (``cache_read`` >= pool tokens) instead of prefilling it again. Each AIMessage is also
 appended to [messages], named after its role, for LangGraph Studio.
 
     from graphs.document_review import build_graph
@@ -102,7 +102,8 @@ class Finding(TypedDict):
     role: str
     text: str
     cache_read: int
-    """Document tokens served from the pool (``usage_metadata["input_token_details"]["cache_read"]``)."""
+    """Tokens read instead of prefilled (``usage_metadata["input_token_details"]["cache_read"]``): the pool's, and
+    any of the call's own that earlier calls over the pool had run through the model."""
     pool_digest: str | None
     """The pool the answer was read from (``response_metadata["pool_digest"]``)."""
 

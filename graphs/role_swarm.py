@@ -8,7 +8,7 @@ Data flow (state keys in brackets):
   -> role_answer x N: one pooled call each -> [answers] += {role, text, cache_read, pool_digest}
   -> aggregate: one pooled call that merges the answers -> [answer]
 Every call gets its chat model from ``prefetch.pooled_chat(state)``, so it reads the document from
-the pool (``cache_read`` = pool tokens). Each AIMessage is appended to [messages], named after its role.
+the pool (``cache_read`` >= pool tokens). Each AIMessage is appended to [messages], named after its role.
 
     from graphs.role_swarm import build_graph
     swarm = build_graph(max_tokens=64)
@@ -87,7 +87,8 @@ class RoleAnswer(TypedDict):
     role: str
     text: str
     cache_read: int
-    """Document tokens served from the pool (``usage_metadata["input_token_details"]["cache_read"]``)."""
+    """Tokens read instead of prefilled (``usage_metadata["input_token_details"]["cache_read"]``): the pool's, and
+    any of the call's own that earlier calls over the pool had run through the model."""
     pool_digest: str | None
     """The pool the answer was read from (``response_metadata["pool_digest"]``)."""
 

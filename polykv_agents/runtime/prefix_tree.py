@@ -35,8 +35,8 @@ LayerKV = tuple[torch.Tensor, torch.Tensor]
 """One layer's keys and values, each ``[KVH, n, D]``."""
 
 EVICTED_PATHS_KEPT = 64
-"""Evicted token paths remembered per tree, so a call that would have read one can report the tokens it
-prefilled again (:attr:`PrefixMatch.evicted_tokens`)."""
+"""Evicted token paths remembered (the latest, over all trees), so a call that would have read one can report the
+tokens it prefilled again (:attr:`PrefixMatch.evicted_tokens`)."""
 
 
 def common_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -105,10 +105,11 @@ class PrefixMatch:
 class PrefixTree:
     """One pool's stored suffixes on one model. Made by :meth:`PrefixTrees.tree`, which owns its budget."""
 
-    def __init__(self, owner: PrefixTrees) -> None:
+    def __init__(self, owner: PrefixTrees, key: tuple[int, str]) -> None:
         self._owner = owner
+        self.key = key
+        """``(id of the model, pool digest)``: what evicted paths are remembered under, past this tree's life."""
         self._root = _Node((), (), None)
-        self._evicted: deque[tuple[int, ...]] = deque(maxlen=EVICTED_PATHS_KEPT)
         self.nbytes = 0
         """Bytes of the keys and values stored."""
 
@@ -128,7 +129,7 @@ class PrefixTree:
                 if shared < len(child.tokens):
                     break
                 node = child
-            result.evicted_tokens = self._evicted_past(tokens[:limit], result.length)
+            result.evicted_tokens = self._owner.evicted_past(self, tokens[:limit], result.length)
             if result.length:
                 self._owner.hits += 1
                 self._owner.reused_tokens += result.length
@@ -156,6 +157,11 @@ class PrefixTree:
                 node, done = child, done + shared
             return 0
 
+    @property
+    def empty(self) -> bool:
+        """Whether nothing is stored."""
+        return not self._root.children
+
     def leaves(self) -> list[_Node]:
         """Nodes without children (the eviction candidates)."""
         found, stack = [], list(self._root.children.values())
@@ -170,7 +176,7 @@ class PrefixTree:
     def evict(self, leaf: _Node) -> None:
         """Drop ``leaf`` (a node without children), remembering its path."""
         assert leaf.parent is not None and not leaf.children
-        self._evicted.append(leaf.path())
+        self._owner.remember_evicted(self, leaf.path())
         del leaf.parent.children[leaf.tokens[0]]
         leaf.parent = None
         self.nbytes -= leaf.nbytes
@@ -186,11 +192,6 @@ class PrefixTree:
         node.parent = head
         head.children[node.tokens[0]] = node
         return head
-
-    def _evicted_past(self, tokens: Sequence[int], matched: int) -> int:
-        """How far past ``matched`` an evicted path still agreed with ``tokens``."""
-        longest = max((common_length(path, tokens) for path in self._evicted), default=0)
-        return max(0, longest - matched)
 
 
 class PrefixTrees:
@@ -209,6 +210,8 @@ class PrefixTrees:
         self.lock = threading.RLock()
         self._trees: weakref.WeakKeyDictionary[PreTrainedModel, dict[str, PrefixTree]] = weakref.WeakKeyDictionary()
         self._clock = itertools.count(1)
+        # The latest evicted paths, as (their tree's key, tokens): a bounded memory, whatever the number of pools.
+        self._evicted: deque[tuple[tuple[int, str], tuple[int, ...]]] = deque(maxlen=EVICTED_PATHS_KEPT)
         self.hits = 0
         """Calls that found a stored prefix."""
         self.reused_tokens = 0
@@ -226,13 +229,34 @@ class PrefixTrees:
         """The next time stamp of the least-recently-used order."""
         return next(self._clock)
 
+    def match(self, model: PreTrainedModel, pool_digest: str, tokens: Sequence[int], limit: int) -> PrefixMatch:
+        """:meth:`PrefixTree.match` in the tree of ``(model, pool_digest)``."""
+        with self.lock:
+            return self.tree(model, pool_digest).match(tokens, limit)
+
+    def insert(self, model: PreTrainedModel, pool_digest: str, tokens: Sequence[int], layers: Sequence[LayerKV]) -> int:
+        """:meth:`PrefixTree.insert` into the tree of ``(model, pool_digest)``, looked up under the lock, so that
+        no eviction can drop it in between."""
+        with self.lock:
+            return self.tree(model, pool_digest).insert(tokens, layers)
+
     def tree(self, model: PreTrainedModel, pool_digest: str) -> PrefixTree:
-        """The tree of calls over the pool ``pool_digest`` on ``model`` (made on first use)."""
+        """The tree of calls over the pool ``pool_digest`` on ``model`` (made on first use). An eviction drops a
+        tree left empty: hold the lock between looking one up and storing into it (:meth:`insert` does)."""
         with self.lock:
             per_model = self._trees.setdefault(model, {})
             if pool_digest not in per_model:
-                per_model[pool_digest] = PrefixTree(self)
+                per_model[pool_digest] = PrefixTree(self, (id(model), pool_digest))
             return per_model[pool_digest]
+
+    def remember_evicted(self, tree: PrefixTree, path: tuple[int, ...]) -> None:
+        """Note that ``tree`` no longer holds ``path``."""
+        self._evicted.append((tree.key, path))
+
+    def evicted_past(self, tree: PrefixTree, tokens: Sequence[int], matched: int) -> int:
+        """How far past ``matched`` a path evicted from ``tree`` still agreed with ``tokens``."""
+        longest = max((common_length(path, tokens) for key, path in self._evicted if key == tree.key), default=0)
+        return max(0, longest - matched)
 
     @property
     def nbytes(self) -> int:
@@ -241,15 +265,21 @@ class PrefixTrees:
             return sum(tree.nbytes for trees in self._trees.values() for tree in trees.values())
 
     def evict_over_budget(self) -> None:
-        """Evict least recently used leaves until the stored bytes fit the budget."""
+        """Evict least recently used leaves until the stored bytes fit the budget. A tree left empty is dropped: a
+        server that reads many pools over time keeps trees for the recent ones only."""
         with self.lock:
-            trees = [tree for trees in self._trees.values() for tree in trees.values()]
-            total = sum(tree.nbytes for tree in trees)
+            trees = [
+                (per_model, digest, tree) for per_model in self._trees.values() for digest, tree in per_model.items()
+            ]
+            total = sum(tree.nbytes for _, _, tree in trees)
             while total > self.max_bytes:
-                candidates = [(leaf.last_used, i, leaf) for i, tree in enumerate(trees) for leaf in tree.leaves()]
+                candidates = [(leaf.last_used, i, leaf) for i, (*_, tree) in enumerate(trees) for leaf in tree.leaves()]
                 if not candidates:
-                    return
+                    break
                 _, i, leaf = min(candidates, key=lambda c: (c[0], c[1]))
                 total -= leaf.nbytes
-                trees[i].evict(leaf)
+                trees[i][2].evict(leaf)
                 self.evictions += 1
+            for per_model, digest, tree in trees:
+                if tree.empty and per_model.get(digest) is tree:
+                    del per_model[digest]

@@ -41,7 +41,7 @@ from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.runtime.cascade_attention import CascadeContext, enable_cascade_attention
 from polykv_agents.runtime.compiled_decode import BATCH_BUCKETS, CompiledDecoder
-from polykv_agents.runtime.prefix_tree import PrefixMatch, PrefixTree
+from polykv_agents.runtime.prefix_tree import PrefixMatch, PrefixTrees
 from polykv_agents.runtime.request import DecodeRequest
 from polykv_agents.runtime.shared_prefix import Residency, SharedPrefix
 from polykv_agents.runtime.suffix_cache import SuffixCache
@@ -126,8 +126,9 @@ class BatchScheduler:
             Inductor, or the name of another ``torch.compile`` backend. The first
             step of each batch-size bucket compiles (tens of seconds for a 30-layer model on 2 cores, less
             from torch's compile cache); where compiling fails, steps run eager.
-        prefix_tree: Where finished calls leave their tokens' keys and values, and where a new call looks for
-            the longest stored start of its prompt, prefilling only the rest (exact reuse; ``None``: none).
+        prefixes: Where finished calls leave their tokens' keys and values (in this pool's tree), and where a new
+            call looks for the longest stored start of its prompt, prefilling only the rest (exact reuse;
+            ``None``: none).
     """
 
     idle_seconds: float | None = SCHEDULER_IDLE_SECONDS
@@ -145,7 +146,7 @@ class BatchScheduler:
         idle_seconds: float | None = SCHEDULER_IDLE_SECONDS,
         admission_chunk_tokens: int | None = ADMISSION_CHUNK_TOKENS,
         compile_decode: bool | str | Callable = False,
-        prefix_tree: PrefixTree | None = None,
+        prefixes: PrefixTrees | None = None,
     ) -> None:
         if admission_chunk_tokens is not None and admission_chunk_tokens < 1:
             msg = f"admission_chunk_tokens must be at least 1 or None, got {admission_chunk_tokens}"
@@ -155,7 +156,7 @@ class BatchScheduler:
         self.model = model
         self.prefix = run_on_compute_thread(SharedPrefix, pool, model, residency)
         self.max_batch_size = max_batch_size
-        self.prefix_tree = prefix_tree
+        self.prefixes = prefixes
         self.admission_chunk_tokens = admission_chunk_tokens
         self._admission: _Admission | None = None
         self.compiled: CompiledDecoder | None = None
@@ -409,20 +410,20 @@ class BatchScheduler:
     def _stored_start(self, request: _Request) -> PrefixMatch:
         """The longest start of ``request``'s prompt stored by earlier calls (never all of it: its last token
         must run through the model for the first token's logits)."""
-        if self.prefix_tree is None:
+        if self.prefixes is None:
             return PrefixMatch()
-        return self.prefix_tree.match(request.tokens, request.prompt_ids.numel() - 1)
+        return self.prefixes.match(self.model, self.prefix.pool.digest, request.tokens, request.prompt_ids.numel() - 1)
 
     def _remember(self, request: _Request, cache: SuffixCache, row: int) -> None:
         """Store what row ``row`` of ``cache`` ran through the model (``request``'s prompt and the tokens it
         generated, but for the last one, which no forward has read yet) for later calls to reuse."""
-        if self.prefix_tree is None:
+        if self.prefixes is None:
             return
         start, end = int(cache.starts[row]), int(cache.lengths[row])
         if end <= start or not cache.layers[0].is_initialized:
             return
         layers = [(layer.keys[row, :, start:end], layer.values[row, :, start:end]) for layer in cache.layers]
-        self.prefix_tree.insert(request.tokens[: end - start], layers)
+        self.prefixes.insert(self.model, self.prefix.pool.digest, request.tokens[: end - start], layers)
 
     def _drop_finished(self) -> None:
         keep = [i for i, r in enumerate(self._rows) if r.stats.finish_reason is None and not r.cancelled.is_set()]

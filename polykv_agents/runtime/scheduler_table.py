@@ -119,7 +119,7 @@ class SchedulerTable:
                 on_idle=on_idle,
                 idle_seconds=self.idle_seconds,
                 compile_decode=self.compile_decode,
-                prefix_tree=self.prefixes.tree(model, pool.digest) if self.prefixes.max_bytes > 0 else None,
+                prefixes=self.prefixes if self.prefixes.max_bytes > 0 else None,
             )
         return per_model[key]
 

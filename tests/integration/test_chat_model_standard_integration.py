@@ -10,6 +10,7 @@ from langchain_core.exceptions import OutputParserException
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 from tiny_models import tiny_llama, tiny_tokenizer
+from usage import pool_read
 
 from polykv_agents import SharedKVPool, load_model
 from polykv_agents.chat.chat_model import ChatPolyKV
@@ -97,7 +98,7 @@ class TestChatPolyKVIntegration(ChatModelIntegrationTests):
             message = full
         else:
             message = chat.invoke(messages)
-        assert message.usage_metadata["input_token_details"]["cache_read"] == pool.num_tokens
+        assert pool_read(message) == pool.num_tokens
         return message
 
     @NESTS_KEYS

@@ -19,6 +19,7 @@ pytest.importorskip("ray", reason='needs Ray, the ray extra: pip install "polykv
 import ray
 from langchain_core.messages import HumanMessage, SystemMessage
 from ray.cluster_utils import Cluster
+from usage import pool_read
 
 from graphs import role_swarm
 from polykv_agents import CompressionConfig, default_engine, load_model
@@ -91,7 +92,7 @@ def test_fifteen_agents_build_the_pool_once_and_each_node_fetches_it_once(nodes,
         chat = RayChatPolyKV.on(cluster, ChatPolyKV(model=tiny_model_dir, max_tokens=8)).with_pool(handle)
         answers = chat.batch(questions(15), config={"max_concurrency": 15})
 
-        assert all(a.usage_metadata["input_token_details"]["cache_read"] == handle.num_tokens for a in answers)
+        assert all(pool_read(a) == handle.num_tokens for a in answers)
         assert [a.content for a in answers] == local_answers(tiny_model_dir, questions(15), 8, config)
         assert cluster.directory_stats()["builds"] == {handle.digest: 1}
         stats = cluster.stats()

@@ -91,7 +91,9 @@ def test_resumed_threads_reload_the_pool_from_the_store_or_rebuild_it(tmp_path):
     assert resumed["POOL_BUILDS"] == ["0"]
     assert resumed["POOL_SOURCE"] == ["store"]
     assert resumed["POOL_DIGEST"] == [digest]
-    assert resumed["CACHE_READ"] == [f"critic:{tokens}", f"summarizer:{tokens}"]
+    assert resumed["POOL_READ"] == [f"critic:{tokens}", f"summarizer:{tokens}"]
+    critic_reused, summarizer_reused = (int(entry.split(":")[1]) for entry in resumed["REUSED"])
+    assert critic_reused == 0 < summarizer_reused  # the summarizer continues the critic's conversation
     next_nodes, values = final_state(db, "a")
     assert next_nodes == ()
     assert isinstance(values["summary"], str)
@@ -104,6 +106,8 @@ def test_resumed_threads_reload_the_pool_from_the_store_or_rebuild_it(tmp_path):
     assert rebuilt["POOL_BUILDS"] == ["1"]
     assert rebuilt["POOL_SOURCE"] == ["prefill"]
     assert rebuilt["POOL_DIGEST"] == [digest]
-    assert rebuilt["CACHE_READ"] == [f"critic:{tokens}", f"summarizer:{tokens}"]
+    assert rebuilt["POOL_READ"] == [f"critic:{tokens}", f"summarizer:{tokens}"]
+    critic_reused, summarizer_reused = (int(entry.split(":")[1]) for entry in rebuilt["REUSED"])
+    assert critic_reused == 0 < summarizer_reused  # the summarizer continues the critic's conversation
     assert rebuilt["POOL_IN_STORE"] == ["1"]  # the rebuild saved it again
     assert final_state(db, "b")[0] == ()

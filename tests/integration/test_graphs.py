@@ -1,7 +1,7 @@
 """The LangGraph workflows (graphs/) and their examples on the real embedded model.
 
 What is checked is structure and measured facts, never answer quality (SmolLM2-135M is tiny): one
-pool build per document, every call reading the whole pool (cache_read == pool tokens), one record
+pool build per document, every call reading the whole pool (cache_read less reused tokens == pool tokens), one record
 per role, checkpoints that hold a PoolHandle and no tensors, parallel branches equal to sequential
 greedy calls, and clear errors for bad input. Documents are short (~90 tokens) and answers 8 tokens,
 so the whole module runs in about a minute on two cores once the model is loaded.
@@ -28,6 +28,8 @@ from pydantic import BaseModel
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # `graphs` lives at the repository root, outside the package
+
+from usage import pool_read, reused  # noqa: E402
 
 from graphs import document_review, role_swarm  # noqa: E402
 from polykv_agents import default_engine  # noqa: E402
@@ -142,10 +144,6 @@ def tensors_in(value: object) -> list[torch.Tensor]:
     return []
 
 
-def cache_read(message: AIMessage) -> int:
-    return message.usage_metadata["input_token_details"]["cache_read"]
-
-
 # ---------------------------------------------------------------- one pool, read by every role
 
 
@@ -163,14 +161,18 @@ def test_pool_is_built_once_and_every_role_reads_all_of_it(runs, name, n_roles):
     assert len(run.records) == n_roles
     assert sorted(r["role"] for r in run.records) == sorted(run.roles)
     for record in run.records:
-        assert record["cache_read"] == handle.num_tokens, record
+        assert record["cache_read"] >= handle.num_tokens, record
         assert record["pool_digest"] == handle.digest
         assert isinstance(record["text"], str)
 
     # Every call of the run, fixed stages included, read the pool: one AIMessage each, named by its role.
     messages = run.result["messages"]
     assert sorted(m.name for m in messages) == sorted(run.roles + FIXED_STAGES[name])
-    assert all(isinstance(m, AIMessage) and cache_read(m) == handle.num_tokens for m in messages)
+    assert all(isinstance(m, AIMessage) and pool_read(m) == handle.num_tokens for m in messages)
+    if name == "document_review":  # the summarizer continues the critic's conversation: it reads that too
+        (critic,) = [m for m in messages if m.name == "critic"]
+        (summarizer,) = [m for m in messages if m.name == "summarizer"]
+        assert reused(summarizer) >= critic.usage_metadata["input_tokens"] - handle.num_tokens
     assert {m.response_metadata["pool_digest"] for m in messages} == {handle.digest}
     assert isinstance(run.result[FINAL[name]], str)
     if name == "document_review":
@@ -212,7 +214,7 @@ def test_second_run_over_the_same_document_reuses_the_pool(runs, name):
     assert default_engine().pools.build_count == builds_before
     assert result["pool"] == first.handle.to_state()
     assert default_engine().pools.builds_by_digest[first.handle.digest] == 1
-    assert result[RECORDS[name]][0]["cache_read"] == first.handle.num_tokens
+    assert result[RECORDS[name]][0]["cache_read"] >= first.handle.num_tokens
 
 
 # ---------------------------------------------------------------- parallel branches
@@ -230,7 +232,7 @@ def test_fifteen_parallel_branches_equal_their_sequential_greedy_calls(runs, nam
             messages = document_review.specialist_messages(record["role"], focus[record["role"]])
         sequential = chat.invoke(messages)
         assert sequential.text == record["text"], record["role"]
-        assert cache_read(sequential) == record["cache_read"]
+        assert pool_read(sequential) == run.handle.num_tokens
 
 
 def test_stream_messages_yields_tokens_from_each_parallel_role(runs):
@@ -348,7 +350,7 @@ def test_example_react_agent(smollm, capsys):
     assert "pools built in this run: 1" in out
     calls = [m for m in state["messages"] if isinstance(m, AIMessage) and m.usage_metadata]
     assert calls[0].tool_calls and len(calls) <= 4
-    assert {cache_read(m) for m in calls} == {state["pool"]["num_tokens"]}
+    assert {pool_read(m) for m in calls} == {state["pool"]["num_tokens"]}
     assert any(m.type == "tool" and m.tool_call_id == calls[0].tool_calls[0]["id"] for m in state["messages"])
 
 

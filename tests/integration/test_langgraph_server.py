@@ -97,7 +97,7 @@ def test_role_swarm_over_http_survives_a_server_restart(tmp_path, tiny_model_dir
     pool = state["values"]["pool"]
     answers = state["values"]["answers"]
     assert sorted(a["role"] for a in answers) == sorted(ROLES)
-    assert {a["cache_read"] for a in answers} == {pool["num_tokens"]}
+    assert all(a["cache_read"] >= pool["num_tokens"] for a in answers)  # and any reused tokens of earlier calls
     assert {a["pool_digest"] for a in answers} == {pool["digest"]}
     assert [p.name for p in (tmp_path / "pools").iterdir()] == [f"{pool['digest']}.safetensors"]  # one pool built
 
@@ -110,4 +110,5 @@ def test_role_swarm_over_http_survives_a_server_restart(tmp_path, tiny_model_dir
     assert aggregator["name"] == "aggregator"
     assert aggregator["response_metadata"]["pool_source"] == "store"
     assert aggregator["response_metadata"]["pool_digest"] == pool["digest"]
-    assert aggregator["usage_metadata"]["input_token_details"]["cache_read"] == pool["num_tokens"]
+    usage, metadata = aggregator["usage_metadata"], aggregator["response_metadata"]
+    assert usage["input_token_details"]["cache_read"] - metadata["reused_tokens"] == pool["num_tokens"]

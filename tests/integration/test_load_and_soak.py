@@ -49,8 +49,8 @@ def test_200_concurrent_calls_from_threads_and_asyncio_each_get_their_answer_alo
 
 @pytest.fixture
 def soak_engine():
-    """A small pool budget and a short scheduler idle time, so that 300 runs reach the steady state."""
-    engine = Engine(max_pool_bytes=2 * 1024 * 1024, scheduler_idle_seconds=0.5)
+    """Small budgets and a short scheduler idle time, so that 300 runs reach the steady state."""
+    engine = Engine(max_pool_bytes=2 * 1024 * 1024, scheduler_idle_seconds=0.5, max_prefix_bytes=256 * 1024)
     yield engine
     engine.close()
 

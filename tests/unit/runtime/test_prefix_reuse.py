@@ -49,7 +49,7 @@ def _submit(scheduler, prompt, settings=GREEDY):
 
 
 def _scheduler(model, tok, pool, trees: PrefixTrees, **kwargs) -> BatchScheduler:
-    return BatchScheduler(model, tok, pool, prefix_tree=trees.tree(model, pool.digest), **kwargs)
+    return BatchScheduler(model, tok, pool, prefixes=trees, **kwargs)
 
 
 def _recording_forwards(scheduler) -> list[tuple[int, int]]:

@@ -82,9 +82,9 @@ def test_stored_tensors_are_copies_not_views_of_the_callers_cache(trees):
 def test_the_budget_evicts_least_recently_used_leaves_and_a_later_call_reports_what_it_lost():
     trees = PrefixTrees(max_bytes=10 * BYTES_PER_TOKEN)
     model = _Model()
+    trees.insert(model, "pool", [1, 2, 3, 4], kv_of([1, 2, 3, 4]))
+    trees.insert(model, "other pool", [5, 6, 7], kv_of([5, 6, 7]))
     tree, other_pool = trees.tree(model, "pool"), trees.tree(model, "other pool")
-    tree.insert([1, 2, 3, 4], kv_of([1, 2, 3, 4]))
-    other_pool.insert([5, 6, 7], kv_of([5, 6, 7]))
     tree.match([1, 2, 3, 4, 0], limit=4)  # [1, 2, 3, 4] is now the most recently used
     tree.insert([8, 9, 10, 11], kv_of([8, 9, 10, 11]))  # 11 tokens: one leaf must go, the other pool's
     assert trees.evictions == 1
@@ -94,6 +94,11 @@ def test_the_budget_evicts_least_recently_used_leaves_and_a_later_call_reports_w
     assert (lost.length, lost.evicted_tokens) == (0, 3)
     kept = tree.match([1, 2, 3, 4, 0], limit=4)
     assert (kept.length, kept.evicted_tokens) == (4, 0)
+    # The emptied tree is dropped (a server reading many pools keeps only the recent ones' trees); what it lost is
+    # still reported to its pool's next call.
+    again = trees.tree(model, "other pool")
+    assert again is not other_pool and again.match([5, 6, 7, 8], limit=3).evicted_tokens == 3
+    assert trees.tree(model, "pool") is tree
 
 
 def test_a_tree_per_model_and_pool():
