@@ -132,7 +132,7 @@ class PrefixTree:
             result.evicted_tokens = self._owner.evicted_past(self, tokens[:limit], result.length)
             if result.length:
                 self._owner.hits += 1
-                self._owner.reused_tokens += result.length
+                self._owner.matched_tokens += result.length
             return result
 
     def insert(self, tokens: Sequence[int], layers: Sequence[LayerKV]) -> int:
@@ -214,15 +214,15 @@ class PrefixTrees:
         self._evicted: deque[tuple[tuple[int, str], tuple[int, ...]]] = deque(maxlen=EVICTED_PATHS_KEPT)
         self.hits = 0
         """Calls that found a stored prefix."""
-        self.reused_tokens = 0
-        """Tokens those calls read instead of prefilling them."""
+        self.matched_tokens = 0
+        """Tokens those calls found stored (a call may read fewer: rows admitted together are aligned)."""
         self.evictions = 0
         """Nodes evicted by the budget."""
 
     def __repr__(self) -> str:
         return (
             f"PrefixTrees(nbytes={self.nbytes}, max_bytes={self.max_bytes}, hits={self.hits}, "
-            f"reused_tokens={self.reused_tokens}, evictions={self.evictions})"
+            f"matched_tokens={self.matched_tokens}, evictions={self.evictions})"
         )
 
     def tick(self) -> int:

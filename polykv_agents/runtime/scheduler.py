@@ -404,7 +404,7 @@ class BatchScheduler:
             if stored:
                 rows.load_row(row, [match.layer(i, stored) for i in range(self._num_layers)])
             request.stats.reused_tokens = stored
-            request.stats.evicted_tokens = min(match.evicted_tokens, n - 1 - stored) if match.evicted_tokens else 0
+            request.stats.evicted_tokens = min(match.evicted_tokens, n - 1 - stored)
         return _Admission(admitted, ids, rows)
 
     def _stored_start(self, request: _Request) -> PrefixMatch:

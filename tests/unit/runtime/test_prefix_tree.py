@@ -52,7 +52,7 @@ def test_a_match_returns_the_longest_stored_start_within_the_limit(trees):
     assert tree.match([1, 2, 3, 4, 5, 6], limit=5).length == 5
     assert tree.match([1, 2, 3, 4, 5, 6], limit=4).length == 4
     assert tree.match([2, 3], limit=2).length == 0
-    assert (trees.hits, trees.reused_tokens) == (3, 12)
+    assert (trees.hits, trees.matched_tokens) == (3, 12)
 
 
 def test_a_call_that_diverges_inside_a_node_splits_it_and_both_paths_stay_whole(trees):
