@@ -99,6 +99,8 @@ class PrefixMatch:
             keys.append(k[:, :count])
             values.append(v[:, :count])
             taken += count
+        if len(keys) == 1:  # one node: its slice, not a copy (the caller copies it into its row anyway)
+            return keys[0], values[0]
         return torch.cat(keys, dim=1), torch.cat(values, dim=1)
 
 
