@@ -168,6 +168,30 @@ def _attend_unfused(
     ``(out [N, H, n, D], lse [N, H, n])``, both float32; a fully masked row gets lse ``-inf``.
     """
     scores = torch.matmul(query.float(), keys.float().transpose(-1, -2)) * scaling
+    weights, top, total = _softmax_parts(scores, mask, softcap)
+    out = torch.matmul(weights, values.float()) / total.clamp_min(torch.finfo(total.dtype).tiny)
+    return out, (top + torch.log(total)).squeeze(-1)
+
+
+def _attend_reduced(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float, mask=None, softcap=None
+):
+    """:func:`_attend_unfused` written as broadcast products and sums: for compiled decode steps only.
+
+    Inductor turns each product-and-sum into one loop that reads the keys (or values) once, in their own
+    dtype, and accumulates in float32, with no float copy of them and no score matrix in bf16. For a few
+    queries per kv head that is about twice as fast as the fused CPU kernel (which splits its work for
+    long query blocks) and as exact (``benchmarks/probes/decode_attention.py``). Run eagerly it would build
+    ``[N, H, n, k, D]``: never call it outside ``torch.compile``.
+    """
+    scores = (query.unsqueeze(-2).float() * keys.unsqueeze(-3).float()).sum(-1) * scaling  # [N, H, n, k]
+    weights, top, total = _softmax_parts(scores, mask, softcap)
+    out = (weights.unsqueeze(-1) * values.unsqueeze(-3).float()).sum(-2)  # [N, H, n, D]
+    return out / total.clamp_min(torch.finfo(total.dtype).tiny), (top + torch.log(total)).squeeze(-1)
+
+
+def _softmax_parts(scores: torch.Tensor, mask, softcap) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(exp(scores - top), top, sum)`` of float32 ``scores [..., n, k]`` after soft-capping and masking."""
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
@@ -178,9 +202,24 @@ def _attend_unfused(
     # flow into the padding slots' keys/values, and 0 * NaN poisons every later weighted sum.
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     weights = torch.exp(scores - top)
-    total = weights.sum(dim=-1, keepdim=True)
-    out = torch.matmul(weights, values.float()) / total.clamp_min(torch.finfo(total.dtype).tiny)
-    return out, (top + torch.log(total)).squeeze(-1)
+    return weights, top, weights.sum(dim=-1, keepdim=True)
+
+
+def _computed_once(query: torch.Tensor) -> torch.Tensor:
+    """``query`` written to memory before attention reads it, inside ``torch.compile``.
+
+    Inductor would otherwise inline the query's producer (the model's rotary embedding: a cos and a sin per
+    element) into the reduction over the keys, recomputing it for every key: at 4K keys that makes the reduced
+    attention slower than the fused kernel, where it should be about twice as fast."""
+    dense = [1] * query.dim()  # row-major strides of query's shape (its own may point past its data: GPT-2's)
+    for dim in range(query.dim() - 2, -1, -1):
+        dense[dim] = dense[dim + 1] * query.shape[dim + 1]
+    return torch.ops.prims.inductor_force_stride_order(query, dense)
+
+
+REDUCED_MAX_QUERIES = 6
+"""Queries per kv head (agents x query heads per kv head) up to which a compiled decode step reads the
+shared prefix with :func:`_attend_reduced`; above it the fused kernel is faster (it re-reads less)."""
 
 
 # PyTorch's fused CPU attention kernel (what F.scaled_dot_product_attention runs on CPU), called
@@ -191,12 +230,17 @@ _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 _FLASH_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _attend(query, keys, values, scaling: float, *, bool_mask=None, additive_mask=None, softcap=None):
-    """``(out [N, H, n, D] float32, lse [N, H, n] float32)``: the fused kernel on CPU, else unfused.
+def _attend(
+    query, keys, values, scaling: float, *, bool_mask=None, additive_mask=None, softcap=None, reduced=False
+):
+    """``(out [N, H, n, D] float32, lse [N, H, n] float32)``: :func:`_attend_reduced` when ``reduced`` (only
+    inside a compiled step), else the fused kernel on CPU, else unfused.
 
-    Pass the mask both ways (``additive_mask`` for the fused kernel, ``bool_mask`` for the fallback)
-    so that neither path converts per layer. Rows with no visible key get lse ``-inf`` either way.
+    Pass the mask both ways (``additive_mask`` for the fused kernel, ``bool_mask`` for the others)
+    so that no path converts per layer. Rows with no visible key get lse ``-inf`` either way.
     """
+    if reduced:
+        return _attend_reduced(query, keys, values, scaling, bool_mask, softcap)
     fused = _CPU_FLASH is not None and query.device.type == "cpu" and query.dtype in _FLASH_DTYPES
     if not fused or softcap is not None:
         return _attend_unfused(query, keys, values, scaling, bool_mask, softcap)
@@ -232,6 +276,10 @@ def cascade_attention_forward(
     prefix_keys, prefix_values = cascade.prefix.layer(module.layer_idx)  # [1, KVH, T, D]
     kv_heads = prefix_keys.shape[1]
     groups = heads // kv_heads
+    # A compiled decode step (one query per row) fuses attention written as reductions; see _attend_reduced.
+    compiled_decode = q_len == 1 and torch.compiler.is_compiling()
+    if compiled_decode:
+        query = _computed_once(query)
 
     # Prefix: all rows' queries against the one prefix, per kv head: [1, KVH, B*G*q, D].
     grouped = query.reshape(batch, kv_heads, groups * q_len, head_dim).transpose(0, 1)
@@ -245,6 +293,7 @@ def cascade_attention_forward(
         bool_mask=prefix_mask,
         additive_mask=cascade.additive(prefix_mask, query.dtype),
         softcap=softcap,
+        reduced=compiled_decode and batch * groups <= REDUCED_MAX_QUERIES,
     )
     out_prefix = out_prefix.view(kv_heads, batch, groups * q_len, head_dim).transpose(0, 1)
     lse_prefix = lse_prefix.view(kv_heads, batch, groups * q_len).transpose(0, 1)
@@ -259,6 +308,7 @@ def cascade_attention_forward(
         bool_mask=suffix_mask,
         additive_mask=cascade.additive(suffix_mask, query.dtype),
         softcap=softcap,
+        reduced=compiled_decode,  # each row's own G queries: always few per kv head
     )
 
     # Exact merge of the two softmax parts; a part with no visible key (lse -inf) gets weight 0.  [B, KVH, G*q, D]

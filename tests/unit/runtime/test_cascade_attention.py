@@ -130,14 +130,27 @@ def test_fused_and_unfused_kernels_agree_and_mark_fully_masked_rows():
     additive = torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))
     fused = cascade_attention._attend(query, keys, values, 0.3, bool_mask=visible, additive_mask=additive)
     unfused = cascade_attention._attend_unfused(query, keys, values, 0.3, visible)
+    reduced = cascade_attention._attend(query, keys, values, 0.3, bool_mask=visible, reduced=True)
     seen = visible.expand(2, 3, 4, 6).any(-1)  # [N, H, n]
-    for (out, lse), name in ((fused, "fused"), (unfused, "unfused")):
+    for (out, lse), name in ((fused, "fused"), (unfused, "unfused"), (reduced, "reduced")):
         assert torch.isfinite(out).all(), name
-        # A query that sees nothing must weigh nothing in the merge: its log-sum-exp is -inf, on both paths.
+        # A query that sees nothing must weigh nothing in the merge: its log-sum-exp is -inf, on every path.
         assert torch.isneginf(lse[~seen]).all(), name
         assert torch.isfinite(lse[seen]).all(), name
-    for got, expected in zip(fused, unfused, strict=True):
-        torch.testing.assert_close(got[seen], expected[seen], rtol=1e-5, atol=1e-6)
+    for other in (fused, reduced):
+        for got, expected in zip(other, unfused, strict=True):
+            torch.testing.assert_close(got[seen], expected[seen], rtol=1e-5, atol=1e-6)
+
+
+def test_reduced_attention_soft_caps_like_the_unfused_one():
+    """Gemma 2's soft-capping, which compiled decode steps run through the reduced formulation."""
+    gen = torch.Generator().manual_seed(1)
+    query, keys, values = (torch.randn(1, 2, n, 8, generator=gen) * 4 for n in (3, 9, 9))
+    capped = cascade_attention._attend_reduced(query, keys, values, 1.0, softcap=2.0)
+    for got, expected in zip(capped, cascade_attention._attend_unfused(query, keys, values, 1.0, softcap=2.0)):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    uncapped = cascade_attention._attend_reduced(query, keys, values, 1.0)
+    assert not torch.allclose(capped[1], uncapped[1])  # the cap changed the scores
 
 
 class _Prefix:

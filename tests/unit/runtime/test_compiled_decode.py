@@ -19,7 +19,7 @@ import torch
 from tiny_models import FAMILIES, SLIDING_WINDOW, assert_pairwise_distinct, tiny_causal_lm, tiny_sensitive_llama
 
 from polykv_agents import CompressionConfig, Engine, GenerationSettings, PooledAgent, SharedKVPool
-from polykv_agents.runtime import compiled_decode
+from polykv_agents.runtime import cascade_attention, compiled_decode
 from polykv_agents.runtime.compiled_decode import CAPACITY_STEP, batch_bucket
 from polykv_agents.runtime.suffix_cache import SuffixCache
 
@@ -117,6 +117,46 @@ def test_inductor_kernels_give_the_eager_greedy_tokens(tiny_tok):
     finally:
         eager.close()
         compiled.close()
+
+
+def test_a_lone_row_decodes_through_inductor_kernels_of_the_reduced_attention(tiny_tok):
+    """One row (a bucket of one) reads the prefix with the reduced formulation, compiled for real."""
+    model = tiny_sensitive_llama(seed=5)
+    pool = SharedKVPool.prefill(model, tiny_tok, DOC * 3)
+    eager, compiled = Engine(), Engine(compile_decode=True)
+    try:
+        expected = _answers(eager, pool, model, tiny_tok, QUESTIONS[2:])
+        assert _answers(compiled, pool, model, tiny_tok, QUESTIONS[2:]) == expected
+        (scheduler,) = _schedulers(compiled)
+        if scheduler.compiled.failed is not None:
+            pytest.skip(f"Inductor cannot compile here: {scheduler.compiled.failed}")
+        assert set(scheduler.compiled.compile_seconds) == {1}
+    finally:
+        eager.close()
+        compiled.close()
+
+
+def _fused_kernel_calls(graph: torch.fx.GraphModule) -> int:
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    return sum(node.target in (flash, flash.default) for node in graph.graph.nodes)
+
+
+def test_few_queries_per_kv_head_read_the_prefix_reduced_and_many_through_the_fused_kernel(tiny_tok):
+    """The tiny Llama has 2 query heads per kv head: buckets 1 and 2 (2 and 4 queries per kv head) read the
+    prefix with the reduced formulation, bucket 4 (8) with the fused kernel; suffixes are always reduced."""
+    if cascade_attention._CPU_FLASH is None:
+        pytest.skip("this PyTorch has no fused CPU attention kernel")
+    model = tiny_sensitive_llama(seed=6)
+    pool = SharedKVPool.prefill(model, tiny_tok, DOC)
+    counting_backend, graphs = _counting_backend()
+    engine = Engine(compile_decode=counting_backend)
+    try:
+        engine.warm_up_decode(model, tiny_tok, pool, buckets=(1, 2, 4))
+    finally:
+        engine.close()
+    assert 2 * 2 <= cascade_attention.REDUCED_MAX_QUERIES < 4 * 2
+    layers = model.config.num_hidden_layers
+    assert [_fused_kernel_calls(graph) for graph in graphs] == [0, 0, layers]
 
 
 def test_suffix_longer_than_one_capacity_step_reuses_the_graph(tiny_tok):
