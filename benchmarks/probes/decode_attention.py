@@ -1,8 +1,9 @@
-"""Probe: decode-shaped attention over a shared prefix, PyTorch's fused CPU kernel against two bf16 matmuls.
+"""Probe: decode-shaped attention over a shared prefix, PyTorch's fused CPU kernel against two bf16 matmuls and
+against the runtime's reduced formulation compiled by Inductor (what compiled decode steps run for few queries).
 
 The cascade runtime's prefix part is ``[1, KVH, rows, D]`` queries (rows = agents x query heads per kv head)
-against ``[1, KVH, T, D]`` keys and values. This times both ways over 30 distinct layers (so the prefix is read
-from memory, as in a real step, not from cache) and prints microseconds per layer, two rounds each:
+against ``[1, KVH, T, D]`` keys and values. This times the three ways over 30 distinct layers (so the prefix is
+read from memory, as in a real step, not from cache) and prints microseconds per layer, two rounds each:
 
     python benchmarks/probes/decode_attention.py
 
@@ -11,7 +12,16 @@ bf16: 3 rows (1 agent) 472 vs 301 us; 45 rows (15 agents) 1427 vs 788-3139 us, t
 glibc's allocator (788 with MALLOC_MMAP_THRESHOLD_ raised, which real decode runs do not need: their page faults
 are 1-263 per 32-token run). Inside an eager decode step the matmul path's separate softmax operators ate the
 gain (profile: attention 26 ms instead of 44 ms at 15 agents, other operators +10 ms, step 101-110 ms against
-98-116 ms); a fused kernel (compiled, or a C++ one) is what it needs. Not used by the runtime.
+98-116 ms); a fused kernel (compiled, or a C++ one) is what it needs. The matmul path is not used by the runtime;
+its bf16 score matrix also rounds the scores, which the other two keep in float32.
+
+The reduced formulation (``_attend_reduced``, compiled): Inductor writes each product-and-sum as one loop that
+reads the keys once and accumulates in float32. Its figures are in the rows this prints (``reduced``); in a
+first run of the same shapes, 3 rows took 230-297 us against 480-582 us fused, 9 rows about even, 45 rows
+2040-2476 us against 1493-1867 us: it wins for few queries per kv head only, hence the runtime's
+``REDUCED_MAX_QUERIES``. Inside the compiled step it first gained nothing (27.4 -> 28.1 ms per step, one agent,
+4K, int8 weights): Inductor had inlined the query's rotary embedding, a cos and a sin per element, into the loop
+over the keys. Writing the query to memory first (``_computed_once``) made it 17.5 ms.
 """
 
 from __future__ import annotations
@@ -19,6 +29,8 @@ from __future__ import annotations
 import time
 
 import torch
+
+from polykv_agents.runtime.cascade_attention import _attend_reduced
 
 LAYERS = 30
 KV_HEADS, HEAD_DIM, TOKENS = 3, 64, 4096
@@ -32,6 +44,13 @@ def matmuls(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> No
     scores = torch.matmul(query, keys.transpose(-1, -2)).float() * HEAD_DIM**-0.5
     weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
     torch.matmul(weights.to(values.dtype), values).float() / weights.sum(dim=-1, keepdim=True)
+
+
+_REDUCED = torch.compile(_attend_reduced, dynamic=False)
+
+
+def reduced(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+    _REDUCED(query, keys, values, HEAD_DIM**-0.5)
 
 
 def per_layer_us(attend, query: torch.Tensor, keys: list, values: list, rounds: int = 6) -> float:
@@ -51,12 +70,10 @@ def main() -> None:
     for dtype in (torch.bfloat16, torch.float32):
         keys = [torch.randn(1, KV_HEADS, TOKENS, HEAD_DIM, dtype=dtype) for _ in range(LAYERS)]
         values = [torch.randn_like(k) for k in keys]
-        for rows in (3, 12, 45, 96):
+        for rows in (3, 6, 12, 45):
             query = torch.randn(1, KV_HEADS, rows, HEAD_DIM, dtype=dtype)
-            timed = [
-                (per_layer_us(fused, query, keys, values), per_layer_us(matmuls, query, keys, values)) for _ in "ab"
-            ]
-            shown = "  ".join(f"fused {a:.0f} us, matmuls {b:.0f} us" for a, b in timed)
+            timed = [[per_layer_us(attend, query, keys, values) for attend in (fused, matmuls, reduced)] for _ in "ab"]
+            shown = "  ".join(f"fused {a:.0f} us, matmuls {b:.0f} us, reduced {c:.0f} us" for a, b, c in timed)
             print(f"{dtype!s:15} rows {rows:3}: {shown}", flush=True)
 
 
