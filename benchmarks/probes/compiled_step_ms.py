@@ -8,8 +8,8 @@ Each count of agents decodes 48 tokens each (EOS ignored) over a pool of CONTEXT
 document, on an ``Engine(compile_decode="inductor", max_prefix_bytes=0)``; one run warms up (and compiles),
 then the median of 5 runs of the median gap between an agent's consecutive tokens is printed, with its range.
 
-Measured 2026-12-02 on this project's 2-core machine, SmolLM2-135M-Instruct, bf16, int8 weights, before (589f9b8) and after
-(6fa95b4) the reduced attention of compiled steps (``_attend_reduced`` with the query written once):
+Measured 2026-12-02 on this project's 2-core machine, SmolLM2-135M-Instruct, bf16, int8 weights, before
+(589f9b8) and after (6fa95b4) the reduced attention of compiled steps (``_attend_reduced`` with the query written once):
 
 | context | agents | before, ms/step | after, ms/step |
 |---|---|---|---|

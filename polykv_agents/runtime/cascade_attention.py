@@ -230,9 +230,7 @@ _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 _FLASH_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _attend(
-    query, keys, values, scaling: float, *, bool_mask=None, additive_mask=None, softcap=None, reduced=False
-):
+def _attend(query, keys, values, scaling: float, *, bool_mask=None, additive_mask=None, softcap=None, reduced=False):
     """``(out [N, H, n, D] float32, lse [N, H, n] float32)``: :func:`_attend_reduced` when ``reduced`` (only
     inside a compiled step), else the fused kernel on CPU, else unfused.
 

@@ -147,7 +147,8 @@ def test_reduced_attention_soft_caps_like_the_unfused_one():
     gen = torch.Generator().manual_seed(1)
     query, keys, values = (torch.randn(1, 2, n, 8, generator=gen) * 4 for n in (3, 9, 9))
     capped = cascade_attention._attend_reduced(query, keys, values, 1.0, softcap=2.0)
-    for got, expected in zip(capped, cascade_attention._attend_unfused(query, keys, values, 1.0, softcap=2.0)):
+    unfused = cascade_attention._attend_unfused(query, keys, values, 1.0, softcap=2.0)
+    for got, expected in zip(capped, unfused, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
     uncapped = cascade_attention._attend_reduced(query, keys, values, 1.0)
     assert not torch.allclose(capped[1], uncapped[1])  # the cap changed the scores
