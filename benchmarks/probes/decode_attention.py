@@ -16,12 +16,14 @@ gain (profile: attention 26 ms instead of 44 ms at 15 agents, other operators +1
 its bf16 score matrix also rounds the scores, which the other two keep in float32.
 
 The reduced formulation (``_attend_reduced``, compiled): Inductor writes each product-and-sum as one loop that
-reads the keys once and accumulates in float32. Its figures are in the rows this prints (``reduced``); in a
-first run of the same shapes, 3 rows took 230-297 us against 480-582 us fused, 9 rows about even, 45 rows
-2040-2476 us against 1493-1867 us: it wins for few queries per kv head only, hence the runtime's
-``REDUCED_MAX_QUERIES``. Inside the compiled step it first gained nothing (27.4 -> 28.1 ms per step, one agent,
-4K, int8 weights): Inductor had inlined the query's rotary embedding, a cos and a sin per element, into the loop
-over the keys. Writing the query to memory first (``_computed_once``) made it 17.5 ms.
+reads the keys once and accumulates in float32. This script, 2026-12-02 at d909f6c, bf16, two rounds each
+(fused / reduced, us per layer): 3 rows 502-643 / 270-341; 6 rows 657-668 / 462-472; 12 rows 764-944 / 645-752;
+45 rows 1759-1926 / 2396-2457 (float32: 3 rows 704-750 / 446-493, 6 rows even, 12 and 45 rows fused ahead). It
+wins for few queries per kv head only, hence the runtime's ``REDUCED_MAX_QUERIES`` (6; 12 rows were about even in
+an earlier run of the same shapes, so the threshold stays at one or two agents of SmolLM2). Inside the compiled
+step it first gained nothing (27.4 -> 28.1 ms per step, one agent, 4K, int8 weights): Inductor had inlined the
+query's rotary embedding, a cos and a sin per element, into the loop over the keys. Writing the query to memory
+first (``_computed_once``) made it 17.5 ms (``benchmarks/probes/compiled_step_ms.py``).
 """
 
 from __future__ import annotations
