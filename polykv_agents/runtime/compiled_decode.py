@@ -3,8 +3,9 @@ the cascade runtime.
 
 An eager decode step of a small model is about a thousand short operations, and on a CPU most of
 its time is spent between them, not in them. Compiled, the elementwise work of a layer (norms, rotary
-embedding, residuals, the cascade merge) fuses into a few kernels; the matrix products and the fused
-attention kernel stay library calls.
+embedding, residuals, the cascade merge) fuses into a few kernels; the matrix products stay library calls.
+Attention becomes generated loops where few queries share a kv head (every suffix, and the prefix for one or
+two agents: ``cascade_attention._attend_reduced``) and stays the fused kernel for the prefix of many agents.
 
 Compiled code wants few shapes, so a compiled step pads what varies:
 
