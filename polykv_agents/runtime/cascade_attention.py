@@ -36,6 +36,7 @@ import sys
 from collections.abc import Callable
 
 import torch
+from torch._prims_common import make_contiguous_strides_for
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
@@ -211,10 +212,8 @@ def _computed_once(query: torch.Tensor) -> torch.Tensor:
     Inductor would otherwise inline the query's producer (the model's rotary embedding: a cos and a sin per
     element) into the reduction over the keys, recomputing it for every key: at 4K keys that makes the reduced
     attention slower than the fused kernel, where it should be about twice as fast."""
-    dense = [1] * query.dim()  # row-major strides of query's shape (its own may point past its data: GPT-2's)
-    for dim in range(query.dim() - 2, -1, -1):
-        dense[dim] = dense[dim + 1] * query.shape[dim + 1]
-    return torch.ops.prims.inductor_force_stride_order(query, dense)
+    # Row-major strides of its shape: the query's own may point past its data (GPT-2's).
+    return torch.ops.prims.inductor_force_stride_order(query, make_contiguous_strides_for(query.shape))
 
 
 REDUCED_MAX_QUERIES = 6
