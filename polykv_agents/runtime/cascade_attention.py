@@ -42,6 +42,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from polykv_agents.runtime.packed_step import PackedCascade
 from polykv_agents.runtime.shared_prefix import SharedPrefix
 
 SUPPORTED_ATTENTION_KWARGS = frozenset({"sliding_window", "softcap"})
@@ -256,16 +257,19 @@ def cascade_attention_forward(
     attention_mask: torch.Tensor | None,
     dropout: float = 0.0,
     scaling: float | None = None,
-    cascade: CascadeContext | None = None,
+    cascade: CascadeContext | PackedCascade | None = None,
     *,
     base: str = "sdpa",
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers attention function: the model's ``base`` attention unless a :class:`CascadeContext` is passed."""
+    """transformers attention function: the model's ``base`` attention unless a :class:`CascadeContext` (or a
+    :class:`~polykv_agents.runtime.packed_step.PackedCascade` of several) is passed."""
     if cascade is None:
         # By keyword: eager functions take (..., attention_mask, scaling, dropout), sdpa (..., dropout, scaling).
         base_attention = _base_attention(base, module)
         return base_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    if isinstance(cascade, PackedCascade):
+        return _packed_attention(module, query, cascade, scaling, base, kwargs), None
     check_attention_kwargs(kwargs)
     window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
     batch, heads, q_len, head_dim = query.shape
@@ -317,6 +321,18 @@ def cascade_attention_forward(
     out = (out_prefix * w_prefix + out_suffix * w_suffix) / total
     out = out.reshape(batch, heads, q_len, head_dim).transpose(1, 2).contiguous()  # [B, q, H, D]
     return out.to(query.dtype), None
+
+
+def _packed_attention(module, query, packed: PackedCascade, scaling, base: str, kwargs) -> torch.Tensor:
+    """Cascade attention of each group of a packed forward (``query [1, H, B + A*c, D]``), each over its own
+    context and the keys this layer just wrote to its suffix cache; ``[1, B + A*c, H, D]`` in sequence order."""
+    written = packed.cache.layers[module.layer_idx].attended
+    groups = zip(packed.split(query), packed.groups, written, strict=True)
+    outputs = [
+        cascade_attention_forward(module, q, k, v, None, scaling=scaling, cascade=group.context, base=base, **kwargs)[0]
+        for q, group, (k, v) in groups
+    ]
+    return packed.join(outputs)
 
 
 def _base_attention(base: str, module: torch.nn.Module) -> Callable:

@@ -41,6 +41,7 @@ from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.runtime.cascade_attention import CascadeContext, enable_cascade_attention
 from polykv_agents.runtime.compiled_decode import BATCH_BUCKETS, CompiledDecoder
+from polykv_agents.runtime.packed_step import PackedCascade, PackedGroup
 from polykv_agents.runtime.prefix_tree import PrefixMatch, PrefixTrees
 from polykv_agents.runtime.request import DecodeRequest
 from polykv_agents.runtime.shared_prefix import Residency, SharedPrefix
@@ -129,6 +130,8 @@ class BatchScheduler:
         prefixes: Where finished calls leave their tokens' keys and values (in this pool's tree), and where a new
             call looks for the longest stored start of its prompt, prefilling only the rest (exact reuse;
             ``None``: none).
+        pack_admissions: While rows decode, run their decode step and the admission's next chunk as one forward
+            (:mod:`~polykv_agents.runtime.packed_step`); ``False``: two forwards per step.
     """
 
     idle_seconds: float | None = SCHEDULER_IDLE_SECONDS
@@ -147,6 +150,7 @@ class BatchScheduler:
         admission_chunk_tokens: int | None = ADMISSION_CHUNK_TOKENS,
         compile_decode: bool | str | Callable = False,
         prefixes: PrefixTrees | None = None,
+        pack_admissions: bool = True,
     ) -> None:
         if admission_chunk_tokens is not None and admission_chunk_tokens < 1:
             msg = f"admission_chunk_tokens must be at least 1 or None, got {admission_chunk_tokens}"
@@ -158,6 +162,7 @@ class BatchScheduler:
         self.max_batch_size = max_batch_size
         self.prefixes = prefixes
         self.admission_chunk_tokens = admission_chunk_tokens
+        self.pack_admissions = pack_admissions
         self._admission: _Admission | None = None
         self.compiled: CompiledDecoder | None = None
         if compile_decode is not False and residency == "decompressed":
@@ -270,13 +275,19 @@ class BatchScheduler:
             self._inbox.get_nowait().finish("stop")
 
     def _step(self) -> None:
-        """Admit waiting requests, then one decode step for every running row."""
+        """Admit waiting requests, then one decode step for every running row: one forward for both when an
+        admission's chunk is due while rows decode and ``pack_admissions`` is on (see :mod:`.packed_step`)."""
         try:
-            self._admit()
-            self._drop_finished()
-            if self._rows:
-                self._decode_step()
+            if self._admission is None:
+                self._admission = self._start_admission()
+            if self._admission is not None and self._rows and self.pack_admissions:
+                self._packed_step()
+            else:
+                self._admit()
                 self._drop_finished()
+                if self._rows:
+                    self._decode_step()
+            self._drop_finished()
         except Exception as e:  # a failed forward must not hang the callers
             logger.exception("batched decode step failed")
             for request in self._rows:
@@ -314,7 +325,7 @@ class BatchScheduler:
     def _forward(self, ids: torch.Tensor, cache: SuffixCache) -> torch.Tensor:
         """Forward ``ids [B, q]`` for the rows of ``cache``; returns last-position logits ``[B, vocab]``."""
         q_len = ids.shape[-1]
-        context = CascadeContext(self.prefix, cache.lengths.clone(), cache.starts.clone())
+        context = self._context(cache)
         # Row r's token in slot j sits at position T + j - starts[r]; left padding gets clamped positions.
         positions = context.query_positions(q_len).clamp(min=0)  # [B, q]
         with torch.inference_mode():
@@ -329,30 +340,47 @@ class BatchScheduler:
         cache.advance(q_len)
         return logits[:, -1]
 
+    def _context(self, cache: SuffixCache) -> CascadeContext:
+        """The cascade context of one forward over ``cache``'s rows (their lengths as they are before it)."""
+        return CascadeContext(self.prefix, cache.lengths.clone(), cache.starts.clone())
+
     def _admit(self) -> None:
         """Start admitting the waiting requests (up to the free rows) if no admission is under way, then
-        prefill the next chunk of the one that is: all of it when no other row is decoding (nobody waits),
-        else about ``admission_chunk_tokens`` prompt tokens. When its last chunk is in, each admitted
-        request gets its first token and joins the running rows."""
+        prefill the next chunk of the one that is (:meth:`_chunk_columns`). When its last chunk is in, each
+        admitted request gets its first token and joins the running rows."""
         if self._admission is None:
             self._admission = self._start_admission()
             if self._admission is None:
                 return
         admission = self._admission
-        columns = admission.width - admission.done
-        if self._rows and self.admission_chunk_tokens is not None:
-            columns = min(columns, max(1, self.admission_chunk_tokens // len(admission.requests)))
+        columns = self._chunk_columns(admission)
         try:
             logits = self._forward(admission.ids[:, admission.done : admission.done + columns], admission.rows)
         except Exception as e:  # these prompts failed; the running batch is untouched
-            self._admission = None
-            for request in admission.requests:
-                request.out.put(e)
+            self._fail_admission(e)
             return
         admission.done += columns
-        if admission.done < admission.width:
-            return
-        self._admission = None
+        if admission.done == admission.width:
+            self._finish_admission(logits)
+
+    def _chunk_columns(self, admission: _Admission) -> int:
+        """Prompt columns of ``admission`` to prefill this step: all that are left when no other row is decoding
+        (nobody waits), else about ``admission_chunk_tokens`` prompt tokens."""
+        columns = admission.width - admission.done
+        if self._rows and self.admission_chunk_tokens is not None:
+            columns = min(columns, max(1, self.admission_chunk_tokens // len(admission.requests)))
+        return columns
+
+    def _fail_admission(self, error: BaseException) -> None:
+        """End every request of the admission under way with ``error``."""
+        admission, self._admission = self._admission, None
+        for request in admission.requests:
+            request.out.put(error)
+
+    def _finish_admission(self, logits: torch.Tensor) -> None:
+        """The admission's last chunk is in (``logits [A, vocab]`` at each row's last prompt token): each
+        request gets its first token and joins the running rows."""
+        admission, self._admission = self._admission, None
         keep = []
         for row, request in enumerate(admission.requests):
             if request.cancelled.is_set():  # its consumer left while its prompt was being prefilled
@@ -369,6 +397,41 @@ class BatchScheduler:
             admission.rows.select(torch.tensor(keep, dtype=torch.long))
             self._cache.concat(admission.rows)
         self.peak_batch_size = max(self.peak_batch_size, len(self._rows))
+
+    def _packed_step(self) -> None:
+        """The running rows' decode step and the admission's next chunk in one forward (:mod:`.packed_step`)."""
+        admission = self._admission
+        columns = self._chunk_columns(admission)
+        running = len(self._rows)
+        with torch.profiler.record_function(DECODE_STEP_LABEL):
+            chunk = admission.ids[:, admission.done : admission.done + columns]  # [A, c]
+            decode = PackedGroup(running, 1, self._cache, self._context(self._cache))
+            admitted = PackedGroup(len(admission.requests), columns, admission.rows, self._context(admission.rows))
+            packed = PackedCascade([decode, admitted])
+            ids = torch.cat([torch.tensor([r.last_token for r in self._rows]), chunk.reshape(-1)])  # [B + A*c]
+            chunk_positions = admitted.context.query_positions(columns).clamp(min=0)  # left padding: clamped
+            positions = torch.cat([decode.context.query_positions(1).view(-1), chunk_positions.view(-1)])
+            try:
+                with torch.inference_mode():
+                    logits = self.model(
+                        input_ids=ids.view(1, -1).to(self.model.device),
+                        position_ids=positions.view(1, -1).to(self.model.device),
+                        use_cache=True,
+                        **{cache_keyword(self.model): packed.cache},
+                        logits_to_keep=packed.kept_positions().to(self.model.device),
+                        cascade=packed,
+                    ).logits[0]  # [B + A, vocab]: each running row's next token, then each admitted row's last
+            except Exception as e:  # which rows' inputs failed is unknown: both groups end with the error
+                self._fail_admission(e)
+                raise
+            self._cache.advance(1)
+            admission.rows.advance(columns)
+            admission.done += columns
+            self.peak_suffix_nbytes = max(self.peak_suffix_nbytes, self._cache.nbytes + admission.rows.nbytes)
+            for row, request in enumerate(self._rows):
+                self._emit(request, logits[row])
+        if admission.done == admission.width:
+            self._finish_admission(logits[running:])
 
     def _start_admission(self) -> _Admission | None:
         """The waiting requests that fit in the free rows, their prompts left-padded to the longest, so each

@@ -18,8 +18,11 @@ from tiny_models import FAMILIES, SLIDING_WINDOW, tiny_causal_lm
 
 from polykv_agents import CompressionConfig, GenerationSettings, PooledAgent, SharedKVPool
 from polykv_agents.eval.perplexity import perplexity_deltas
+from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.pool.store import PoolStore
 from polykv_agents.runtime.cascade_attention import enable_cascade_attention
+from polykv_agents.runtime.request import DecodeRequest
+from polykv_agents.runtime.scheduler import BatchScheduler
 
 DOC = "Keys are quantised to eight bits; values use a rotated three-bit codebook."
 QUESTIONS = ("What do values use?", "Summarise it.", "Which part is rotated, and why would that matter?")
@@ -71,6 +74,37 @@ def test_concurrent_agents_each_reproduce_plain_generation(family, tiny_tok):
     for question, answer in zip(QUESTIONS, answers, strict=True):
         ids = torch.cat([pool.token_ids, agent.prompt_ids(question)])
         assert answer == plain_greedy(model, ids, NEW_TOKENS), question
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prompts_admitted_in_packed_chunks_while_a_row_decodes_each_reproduce_plain_generation(family, tiny_tok):
+    """Two prompts of different lengths join a decoding row, three prompt tokens of each per step, every step one
+    forward with the running row's token (runtime/packed_step.py): the flat sequence split back per group (left
+    padding, positions, sliding windows, soft-capping) must give each row exactly its own answer."""
+    model = model_of(family)
+    pool = SharedKVPool.prefill(model, tiny_tok, DOC, config=CompressionConfig.full_precision())
+    agent = PooledAgent(pool, model, tiny_tok)
+    scheduler = BatchScheduler(model, tiny_tok, pool, admission_chunk_tokens=6)
+    packed_steps = []
+    packed_step = scheduler._packed_step
+    scheduler._packed_step = lambda: packed_steps.append(len(scheduler._admission.requests)) or packed_step()
+    settings = GenerationSettings(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    prompts = [agent.prompt_ids(question) for question in QUESTIONS]
+
+    def submit(prompt):
+        return scheduler.submit(DecodeRequest(model, tiny_tok, prompt, settings, pool=pool), NEW_TOKENS)
+
+    first = submit(prompts[0])
+    answers = [[next(first)]]
+    # Queued while this thread holds the compute thread, so no step runs between them: one admission of two rows.
+    joining = run_on_compute_thread(lambda: [submit(prompt) for prompt in prompts[1:]])
+    answers += [list(stream) for stream in joining]
+    answers[0] += list(first)
+    scheduler.close()
+
+    assert packed_steps and set(packed_steps) == {2}
+    for prompt, answer in zip(prompts, answers, strict=True):
+        assert answer == plain_greedy(model, torch.cat([pool.token_ids, prompt]), NEW_TOKENS)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -317,23 +317,30 @@ def test_a_scheduler_told_never_to_retire_outlives_its_idle_time(model, tiny_tok
     engine.close()
 
 
-def test_a_long_prompt_is_admitted_in_chunks_between_the_running_row_s_steps(model, tiny_tok, pool):
-    """While a row decodes, a newly admitted prompt goes in chunks of ``admission_chunk_tokens``, one per step
-    with a decode step for the running row after each: that row never waits for the whole prompt, and both
-    rows still get exactly their sequential answers."""
-    scheduler = BatchScheduler(model, tiny_tok, pool, admission_chunk_tokens=4)
-    forwards: list[tuple[int, int]] = []  # (rows, query tokens) of every forward, in order
-    forward = scheduler._forward
+def _record_forwards(model) -> list[tuple[int, int]]:
+    """``(rows, tokens)`` of ``input_ids`` of every forward of ``model`` from now on, in order."""
+    forwards: list[tuple[int, int]] = []
 
-    def recorded(ids, cache):
-        forwards.append(tuple(ids.shape))
-        return forward(ids, cache)
+    def record(_module, _args, kwargs):
+        forwards.append(tuple(kwargs["input_ids"].shape))
 
-    scheduler._forward = recorded
+    model.register_forward_pre_hook(record, with_kwargs=True)
+    return forwards
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["one-forward-per-step", "two-forwards-per-step"])
+def test_a_long_prompt_is_admitted_in_chunks_between_the_running_row_s_steps(packed, tiny_tok, pool):
+    """While a row decodes, a newly admitted prompt goes in chunks of ``admission_chunk_tokens``, one per step,
+    each step also decoding the running row: in the same forward (packed, the flat ``[1, 1 + 4]``) or in a
+    forward of its own right after. That row never waits for the whole prompt, and both rows still get exactly
+    their sequential answers."""
+    model = tiny_sensitive_llama()  # its own: the hook stays on it
+    scheduler = BatchScheduler(model, tiny_tok, pool, admission_chunk_tokens=4, pack_admissions=packed)
     short, long = _prompt(pool, model, tiny_tok, 0), _prompt(pool, model, tiny_tok, 6)
     running, joining = GenerationSettings(max_new_tokens=40), GenerationSettings(max_new_tokens=5)
     expected = [_sequential(model, tiny_tok, pool, short, running), _sequential(model, tiny_tok, pool, long, joining)]
     assert_pairwise_distinct(expected)
+    forwards = _record_forwards(model)
 
     first, _ = _submit(scheduler, short, running)
     got_first = [next(first) for _ in range(2)]  # one row is decoding ...
@@ -343,23 +350,30 @@ def test_a_long_prompt_is_admitted_in_chunks_between_the_running_row_s_steps(mod
     scheduler.close()
 
     assert [got_first, got_second] == expected
-    chunks = [i for i, (rows, width) in enumerate(forwards) if i > 0 and width > 1]
-    assert len(chunks) == -(-long.numel() // 4) and all(forwards[i] == (1, 4) for i in chunks[:-1])
-    assert all(forwards[i + 1] == (1, 1) for i in chunks[:-1])  # the running row's step after every chunk
     assert forwards[0] == (1, short.numel())  # nothing was running: the first prompt went in whole
+    n_chunks = -(-long.numel() // 4)
+    if packed:
+        chunks = [shape for shape in forwards if shape[0] == 1 and shape[1] > 1][1:]
+        assert chunks[:-1] == [(1, 1 + 4)] * (n_chunks - 1)
+        assert chunks[-1] == (1, 1 + long.numel() - 4 * (n_chunks - 1))
+        assert (1, 4) not in forwards
+    else:
+        chunks = [i for i, (rows, width) in enumerate(forwards) if i > 0 and width > 1]
+        assert len(chunks) == n_chunks and all(forwards[i] == (1, 4) for i in chunks[:-1])
+        assert all(forwards[i + 1] == (1, 1) for i in chunks[:-1])  # the running row's step after every chunk
 
 
-def test_without_chunking_an_admission_is_one_forward(model, tiny_tok, pool):
+def test_without_chunking_an_admission_is_one_forward(tiny_tok, pool):
+    """The whole prompt in one forward, packed with the running row's token."""
+    model = tiny_sensitive_llama()
     scheduler = BatchScheduler(model, tiny_tok, pool, admission_chunk_tokens=None)
-    forwards: list[tuple[int, int]] = []
-    forward = scheduler._forward
-    scheduler._forward = lambda ids, cache: forwards.append(tuple(ids.shape)) or forward(ids, cache)
+    forwards = _record_forwards(model)
     short, long = _prompt(pool, model, tiny_tok, 0), _prompt(pool, model, tiny_tok, 6)
     first, _ = _submit(scheduler, short, GenerationSettings(max_new_tokens=20))
     next(first)
     second, _ = _submit(scheduler, long, GenerationSettings(max_new_tokens=3))
     list(second), list(first)
     scheduler.close()
-    assert (1, long.numel()) in forwards
+    assert (1, 1 + long.numel()) in forwards
     with pytest.raises(ValueError, match="admission_chunk_tokens must be at least 1 or None"):
         BatchScheduler(model, tiny_tok, pool, admission_chunk_tokens=0)
