@@ -2,10 +2,11 @@
 
 One pool of a pydoc_data.topics document on the embedded model. N agents decode (EOS ignored); once the first
 has ``join_after`` tokens, a new request with a ``prompt_tokens``-token prompt (a critic reading a long draft)
-arrives. Per admission setting (chunks of ``admission_chunk_tokens``, or the whole prompt in one forward), the
-median over repetitions of: the running agents' longest gap between two tokens after the arrival, their median
-gap before it, and the newcomer's time to first token. Each run uses a scheduler of its own, on the compute
-thread like every scheduler.
+arrives. Per admission setting (chunks of ``admission_chunk_tokens`` or the whole prompt; each in the running
+rows' forward, packed, or in a forward of its own), the median over repetitions of: the running agents' longest
+gap between two tokens after the arrival, their median gap before it and while the newcomer was admitted, and
+the newcomer's time to first token. Each run uses a scheduler of its own, on the compute thread like every
+scheduler.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class AdmissionOptions(SuiteOptions):
     """Timed runs per setting after one warm-up (median)."""
     model: str | None = None
     """Local HF model dir or cached id; default: embedded."""
+    compile_decode: bool = False
+    """Compiled decode steps (compiled in the warm-up run; a packed step itself runs eager)."""
 
     @model_validator(mode="after")
     def _arrives_mid_answer(self) -> AdmissionOptions:
@@ -57,16 +60,30 @@ class AdmissionResult(BaseModel):
     prompt_tokens: int
     new_tokens: int
     repetitions: int
+    compile_decode: bool = False
     rows: list[dict[str, Any]]
 
 
-def _one_run(model, tokenizer, pool, prompts, newcomer, chunk: int | None, options: AdmissionOptions) -> dict:
+ADMISSION_SETTINGS = ((ADMISSION_CHUNK_TOKENS, True), (ADMISSION_CHUNK_TOKENS, False), (None, True), (None, False))
+"""``(admission_chunk_tokens, pack_admissions)`` of each setting measured."""
+
+
+def _label(chunk: int | None, packed: bool) -> str:
+    where = "in the running rows' forward" if packed else "in a forward of its own"
+    return f"chunks of {chunk} tokens, each {where}" if chunk else f"whole prompt {where}"
+
+
+def _one_run(model, tokenizer, pool, prompts, newcomer, setting, options: AdmissionOptions) -> dict:
     """One run: the running agents' token times, and the newcomer's submission and first-token times."""
     from polykv_agents.runtime.request import DecodeRequest
     from polykv_agents.runtime.scheduler import BatchScheduler
     from polykv_agents.sampling.settings import GenerationSettings
 
-    scheduler = BatchScheduler(model, tokenizer, pool, admission_chunk_tokens=chunk, idle_seconds=None)
+    chunk, packed = setting
+    scheduler = BatchScheduler(
+        model, tokenizer, pool, admission_chunk_tokens=chunk, idle_seconds=None, pack_admissions=packed,
+        compile_decode=options.compile_decode,
+    )  # fmt: skip
     settings = GenerationSettings(max_new_tokens=options.new_tokens, ignore_eos=True)
     arrivals: list[list[float]] = [[] for _ in prompts]
     ready = threading.Event()
@@ -102,9 +119,11 @@ def _one_run(model, tokenizer, pool, prompts, newcomer, chunk: int | None, optio
     gaps = [(a, b) for times in arrivals for a, b in itertools.pairwise(times)]
     gaps_after = [b - a for a, b in gaps if b > submitted]
     gaps_before = [b - a for a, b in gaps if b <= submitted]
+    gaps_during = [b - a for a, b in gaps if submitted < b <= first_token] or [float("nan")]  # none: whole, apart
     return {
         "max_gap_after_ms": 1000 * max(gaps_after),
         "median_gap_before_ms": 1000 * statistics.median(gaps_before),
+        "median_gap_during_ms": 1000 * statistics.median(gaps_during),
         "newcomer_ttft_s": first_token - submitted,
     }
 
@@ -124,23 +143,26 @@ def run_admission(options: AdmissionOptions, progress: Progress = lambda _: None
     for count in options.running:
         roles = role_prompts(count)
         prompts = [PooledAgent(pool, model, tokenizer, system_prompt=r).prompt_ids(q) for r, q in roles]
-        for chunk in (ADMISSION_CHUNK_TOKENS, None):
-            progress(f"{count} running, admission {'in chunks' if chunk else 'whole'}")
-            _one_run(model, tokenizer, pool, prompts, newcomer, chunk, options)  # warm-up
+        for setting in ADMISSION_SETTINGS:
+            progress(f"{count} running, {_label(*setting)}")
+            _one_run(model, tokenizer, pool, prompts, newcomer, setting, options)  # warm-up
             runs = [
-                _one_run(model, tokenizer, pool, prompts, newcomer, chunk, options) for _ in range(options.repetitions)
+                _one_run(model, tokenizer, pool, prompts, newcomer, setting, options)
+                for _ in range(options.repetitions)
             ]
             rows.append(
                 {
                     "running_agents": count,
-                    "admission": f"chunks of {chunk} tokens" if chunk else "whole prompt in one forward",
-                    "chunk_tokens": chunk,
+                    "admission": _label(*setting),
+                    "chunk_tokens": setting[0],
+                    "packed": setting[1],
                     **{key: statistics.median(run[key] for run in runs) for key in runs[0]},
                 }
             )
     return AdmissionResult(
         run_info=RunInfo.collect(model), context_tokens=pool.num_tokens, prompt_tokens=newcomer.numel(),
-        new_tokens=options.new_tokens, repetitions=options.repetitions, rows=rows,
+        new_tokens=options.new_tokens, repetitions=options.repetitions, compile_decode=options.compile_decode,
+        rows=rows,
     )  # fmt: skip
 
 
@@ -151,6 +173,7 @@ def render_markdown(result: AdmissionResult) -> str:
             column("agents decoding", "running_agents"),
             column("admission", "admission"),
             column("their step before, ms (median)", "median_gap_before_ms", "{:.0f}"),
+            column("their wait while it is admitted, ms (median)", "median_gap_during_ms", "{:.0f}"),
             column("their longest wait after, ms", "max_gap_after_ms", "{:.0f}"),
             column("newcomer's first token, s", "newcomer_ttft_s", "{:.2f}"),
         ],
@@ -160,24 +183,31 @@ def render_markdown(result: AdmissionResult) -> str:
         f"Machine: {info.machine}, {info.cpu}, {info.torch_threads} torch threads, torch {info.torch}. "
         f"Model: {info.model} ({info.dtype}). Pool: {result.context_tokens} tokens of pydoc_data.topics; the "
         f"newcomer's prompt: {result.prompt_tokens} tokens of another text. Running agents decode "
-        f"{result.new_tokens} tokens each; medians of {result.repetitions} runs after 1 warm-up. {info.date}."
+        f"{result.new_tokens} tokens each; {'compiled' if result.compile_decode else 'eager'} decode steps; medians "
+        f"of {result.repetitions} runs after 1 warm-up. {info.date}."
     )
     return f"# A long prompt arriving mid-answer\n\n{conditions}\n\n{table}\n"
 
 
 def readme_summary(result: AdmissionResult) -> str:
-    def row(count: int, chunked: bool) -> dict:
+    def row(count: int, chunk: int | None, packed: bool) -> dict:
         return next(
-            r for r in result.rows if r["running_agents"] == count and (r["chunk_tokens"] is not None) == chunked
+            r
+            for r in result.rows
+            if r["running_agents"] == count and r["chunk_tokens"] == chunk and r.get("packed", False) == packed
         )
 
     def part(count: int) -> str:
-        chunked, whole = row(count, True), row(count, False)
+        chunked, apart = row(count, ADMISSION_CHUNK_TOKENS, True), row(count, ADMISSION_CHUNK_TOKENS, False)
+        whole = row(count, None, True)
         return (
             f"with {count} agent{'s' if count > 1 else ''} decoding, their longest wait for a token was "
             f"{chunked['max_gap_after_ms']:.0f} ms in chunks against {whole['max_gap_after_ms']:.0f} ms whole (a step "
             f"is {chunked['median_gap_before_ms']:.0f} ms), and the newcomer's first token came after "
-            f"{chunked['newcomer_ttft_s']:.2f} s against {whole['newcomer_ttft_s']:.2f} s"
+            f"{chunked['newcomer_ttft_s']:.2f} s against {whole['newcomer_ttft_s']:.2f} s; with each chunk in the "
+            f"running rows' forward their step was {chunked['median_gap_during_ms']:.0f} ms against "
+            f"{apart['median_gap_during_ms']:.0f} ms with the chunk in a forward of its own (the newcomer's first "
+            f"token: {chunked['newcomer_ttft_s']:.2f} s against {apart['newcomer_ttft_s']:.2f} s)"
         )
 
     parts = [part(count) for count in sorted({r["running_agents"] for r in result.rows})]

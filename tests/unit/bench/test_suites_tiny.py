@@ -155,7 +155,7 @@ def test_weights_suite_compares_native_int8_and_int4_with_one_pool_digest(tiny_m
     assert [p.name for p in write_weights(result, tmp_path)] == ["weights.json", "weights.md"]
 
 
-def test_admission_suite_times_both_settings_for_each_running_count(tiny_model_dir, tmp_path):
+def test_admission_suite_times_every_setting_for_each_running_count(tiny_model_dir, tmp_path):
     from polykv_agents.bench.admission import SUITE, AdmissionOptions
 
     options = AdmissionOptions(
@@ -163,7 +163,10 @@ def test_admission_suite_times_both_settings_for_each_running_count(tiny_model_d
         repetitions=1,
     )  # fmt: skip
     result = SUITE.run(options, [].append)
-    assert [(r["running_agents"], r["chunk_tokens"]) for r in result.rows] == [(1, 128), (1, None), (3, 128), (3, None)]
+    settings = [(128, True), (128, False), (None, True), (None, False)]
+    assert [(r["running_agents"], r["chunk_tokens"], r["packed"]) for r in result.rows] == [
+        (count, *setting) for count in (1, 3) for setting in settings
+    ]
     assert all(r["max_gap_after_ms"] > 0 and r["newcomer_ttft_s"] > 0 for r in result.rows)
     assert result.prompt_tokens == 40
     assert "newcomer's first token" in SUITE.rendered(result).blocks["admission"]
