@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, Field, model_validator
 
 from polykv_agents.bench.environment import RunInfo
-from polykv_agents.bench.output import Progress, column, markdown_table
+from polykv_agents.bench.output import Column, Progress, column, markdown_table
 from polykv_agents.bench.suite import JsonSuite, Rendered, SuiteOptions, load_model_for
 from polykv_agents.runtime.scheduler import ADMISSION_CHUNK_TOKENS
 
@@ -36,8 +36,8 @@ class AdmissionOptions(SuiteOptions):
     """Tokens each running agent decodes."""
     join_after: int = Field(default=8, ge=1)
     """Tokens the first running agent has when the long prompt arrives."""
-    repetitions: int = Field(default=3, ge=1)
-    """Timed runs per setting after one warm-up (median)."""
+    repetitions: int = Field(default=5, ge=1)
+    """Timed runs per setting after one warm-up (median); the settings take turns within each."""
     model: str | None = None
     """Local HF model dir or cached id; default: embedded."""
     compile_decode: bool = False
@@ -119,13 +119,19 @@ def _one_run(model, tokenizer, pool, prompts, newcomer, setting, options: Admiss
     gaps = [(a, b) for times in arrivals for a, b in itertools.pairwise(times)]
     gaps_after = [b - a for a, b in gaps if b > submitted]
     gaps_before = [b - a for a, b in gaps if b <= submitted]
-    gaps_during = [b - a for a, b in gaps if submitted < b <= first_token] or [float("nan")]  # none: whole, apart
+    gaps_during = [b - a for a, b in gaps if submitted < b <= first_token]  # none when the whole prompt went apart
     return {
         "max_gap_after_ms": 1000 * max(gaps_after),
         "median_gap_before_ms": 1000 * statistics.median(gaps_before),
-        "median_gap_during_ms": 1000 * statistics.median(gaps_during),
+        "median_gap_during_ms": 1000 * statistics.median(gaps_during) if gaps_during else None,
         "newcomer_ttft_s": first_token - submitted,
     }
+
+
+def _median(values) -> float | None:
+    """The median of the values that were measured (``None`` where none was)."""
+    measured = [value for value in values if value is not None]
+    return statistics.median(measured) if measured else None
 
 
 def run_admission(options: AdmissionOptions, progress: Progress = lambda _: None) -> AdmissionResult:
@@ -143,20 +149,22 @@ def run_admission(options: AdmissionOptions, progress: Progress = lambda _: None
     for count in options.running:
         roles = role_prompts(count)
         prompts = [PooledAgent(pool, model, tokenizer, system_prompt=r).prompt_ids(q) for r, q in roles]
-        for setting in ADMISSION_SETTINGS:
-            progress(f"{count} running, {_label(*setting)}")
-            _one_run(model, tokenizer, pool, prompts, newcomer, setting, options)  # warm-up
-            runs = [
-                _one_run(model, tokenizer, pool, prompts, newcomer, setting, options)
-                for _ in range(options.repetitions)
-            ]
+        # Settings take turns within each repetition, so a drift in the machine's speed reaches all of them alike.
+        runs: dict[tuple, list[dict]] = {setting: [] for setting in ADMISSION_SETTINGS}
+        for repetition in range(options.repetitions + 1):
+            for setting in ADMISSION_SETTINGS:
+                progress(f"{count} running, {_label(*setting)}, run {repetition + 1}")
+                measured = _one_run(model, tokenizer, pool, prompts, newcomer, setting, options)
+                if repetition:  # the first of each setting is its warm-up
+                    runs[setting].append(measured)
+        for setting, measured in runs.items():
             rows.append(
                 {
                     "running_agents": count,
                     "admission": _label(*setting),
                     "chunk_tokens": setting[0],
                     "packed": setting[1],
-                    **{key: statistics.median(run[key] for run in runs) for key in runs[0]},
+                    **{key: _median(run[key] for run in measured) for key in measured[0]},
                 }
             )
     return AdmissionResult(
@@ -166,6 +174,11 @@ def run_admission(options: AdmissionOptions, progress: Progress = lambda _: None
     )  # fmt: skip
 
 
+def _wait_while_admitted(row: dict) -> str:
+    wait = row["median_gap_during_ms"]
+    return "no token meanwhile" if wait is None else f"{wait:.0f}"
+
+
 def render_markdown(result: AdmissionResult) -> str:
     table = markdown_table(
         result.rows,
@@ -173,7 +186,12 @@ def render_markdown(result: AdmissionResult) -> str:
             column("agents decoding", "running_agents"),
             column("admission", "admission"),
             column("their step before, ms (median)", "median_gap_before_ms", "{:.0f}"),
-            column("their wait while it is admitted, ms (median)", "median_gap_during_ms", "{:.0f}"),
+            Column(
+                "their wait while it is admitted, ms (median)",
+                lambda row: (
+                    "none (no token)" if row["median_gap_during_ms"] is None else f"{row['median_gap_during_ms']:.0f}"
+                ),
+            ),
             column("their longest wait after, ms", "max_gap_after_ms", "{:.0f}"),
             column("newcomer's first token, s", "newcomer_ttft_s", "{:.2f}"),
         ],
@@ -205,8 +223,8 @@ def readme_summary(result: AdmissionResult) -> str:
             f"{chunked['max_gap_after_ms']:.0f} ms in chunks against {whole['max_gap_after_ms']:.0f} ms whole (a step "
             f"is {chunked['median_gap_before_ms']:.0f} ms), and the newcomer's first token came after "
             f"{chunked['newcomer_ttft_s']:.2f} s against {whole['newcomer_ttft_s']:.2f} s; with each chunk in the "
-            f"running rows' forward their step was {chunked['median_gap_during_ms']:.0f} ms against "
-            f"{apart['median_gap_during_ms']:.0f} ms with the chunk in a forward of its own (the newcomer's first "
+            f"running rows' forward their step was {_wait_while_admitted(chunked)} ms against "
+            f"{_wait_while_admitted(apart)} ms with the chunk in a forward of its own (the newcomer's first "
             f"token: {chunked['newcomer_ttft_s']:.2f} s against {apart['newcomer_ttft_s']:.2f} s)"
         )
 

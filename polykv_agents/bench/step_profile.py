@@ -1,15 +1,18 @@
 """``polykv-agents bench profile``: where one decode step's time goes, op by op, from PyTorch's profiler.
 
 On the embedded model over one pool of a pydoc_data.topics document, per weights setting and agent count,
-eager (the profile of a compiled step would show fused kernels, not the model's operations): agents decode
-through the runtime under ``torch.profiler``, and every batched step the scheduler labels
-(``polykv::decode_step``) is taken apart into the self time of each operator it ran. What no operator
-accounts for is the step's time outside operators: Python, module calls, dispatch.
+eager by default: agents decode through the runtime under ``torch.profiler``, and every batched step the
+scheduler labels (``polykv::decode_step``) is taken apart into the self time of each operator it ran. What no
+operator accounts for is the step's time outside operators: Python, module calls, dispatch, and in compiled
+steps the guards and the graph's own bookkeeping.
 
 Operators are also grouped, by name, into what they do: projections (``weights``: the linear layers' matrix
 products, int8/int4 kernels included), ``attention`` (the fused kernel or its matmul-softmax-matmul, and
 the cascade merge's exp/max/logsumexp), ``cache`` (writing new keys and values), and ``other operators``
-(norms, RoPE, activations, casts, copies).
+(norms, RoPE, activations, casts, copies). With ``--compile-decode`` the steps are compiled, and the kernels
+Inductor generated (each a fusion of several of the model's operations: norms, RoPE, the reduced attention,
+the merge) are profiled one by one and grouped as ``generated kernels``; the matrix products and the fused
+attention kernel stay library calls and keep their groups.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ _GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("weights", ("aten::mm", "aten::addmm", "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu")),
     ("attention", ("attention", "aten::bmm", "softmax", "logsumexp", "aten::exp", "aten::amax", "aten::maximum")),
     ("cache", ("aten::index_put", "aten::cat", "aten::scatter")),
+    ("generated kernels", ("cpp_fused",)),
 )
 
 
@@ -54,6 +58,8 @@ class ProfileOptions(SuiteOptions):
     """Tokens each agent decodes under the profiler (after one unprofiled warm-up run)."""
     model: str | None = None
     """Local HF model dir or cached id; default: embedded."""
+    compile_decode: bool = False
+    """Profile compiled decode steps (compiled in the warm-up run, with Inductor's per-kernel profiling on)."""
 
     @field_validator("weights")
     @classmethod
@@ -64,6 +70,7 @@ class ProfileOptions(SuiteOptions):
 class ProfileResult(BaseModel):
     run_info: RunInfo
     new_tokens: int
+    compile_decode: bool = False
     rows: list[dict[str, Any]]
 
 
@@ -81,8 +88,12 @@ def _step_breakdown(events: list[Any]) -> tuple[list[float], dict[str, float]]:
     return [s.cpu_time_total / 1000 for s in steps], operators
 
 
-def profile_rows(model, tokenizer, pool, roles, *, agents: int, new_tokens: int) -> dict[str, Any]:
-    """One configuration's profile: agents decode ``new_tokens`` each at once, profiled after a warm-up run."""
+def profile_rows(
+    model, tokenizer, pool, roles, *, agents: int, new_tokens: int, compile_decode: bool = False
+) -> dict[str, Any]:
+    """One configuration's profile: agents decode ``new_tokens`` each at once, profiled after a warm-up run
+    (which compiles the step's bucket with ``compile_decode``)."""
+    import torch._inductor.config
     from torch.profiler import ProfilerActivity, profile
 
     from polykv_agents.bench.agents import answer_all, pooled_agents
@@ -90,7 +101,10 @@ def profile_rows(model, tokenizer, pool, roles, *, agents: int, new_tokens: int)
     from polykv_agents.model.compute_thread import run_on_compute_thread
     from polykv_agents.sampling.settings import GenerationSettings
 
-    engine = Engine(scheduler_idle_seconds=None, max_prefix_bytes=0)
+    engine = Engine(scheduler_idle_seconds=None, max_prefix_bytes=0, compile_decode=compile_decode)
+    # Generated kernels record themselves in the profiler only if compiled so (a part of the graph cache's key).
+    kernel_profile = torch._inductor.config.patch({"cpp.enable_kernel_profile": True})
+    kernel_profile.__enter__()
     try:
         crew = pooled_agents(pool, model, tokenizer, roles[:agents], engine)
         questions = [q for _, q in roles[:agents]]
@@ -104,6 +118,7 @@ def profile_rows(model, tokenizer, pool, roles, *, agents: int, new_tokens: int)
         finally:
             run_on_compute_thread(profiler.__exit__, None, None, None)
     finally:
+        kernel_profile.__exit__(None, None, None)
         engine.close()
     step_ms, operators = _step_breakdown(list(profiler.events()))
     steps = len(step_ms)
@@ -138,12 +153,18 @@ def run_profile(options: ProfileOptions, progress: Progress = lambda _: None) ->
             pool, roles = pool_and_roles(model, tokenizer, context, max(options.agents))
             for agents in options.agents:
                 progress(f"{weights}: {context} tokens, {agents} agent(s)")
-                figures = profile_rows(model, tokenizer, pool, roles, agents=agents, new_tokens=options.new_tokens)
+                figures = profile_rows(
+                    model, tokenizer, pool, roles, agents=agents, new_tokens=options.new_tokens,
+                    compile_decode=options.compile_decode,
+                )  # fmt: skip
                 rows.append({"weights": weights, "context_tokens": context, "agents": agents, **figures})
-    return ProfileResult(run_info=RunInfo.collect(model), new_tokens=options.new_tokens, rows=rows)
+    return ProfileResult(
+        run_info=RunInfo.collect(model), new_tokens=options.new_tokens, compile_decode=options.compile_decode,
+        rows=rows,
+    )  # fmt: skip
 
 
-GROUP_ORDER = ("weights", "attention", "cache", "other operators", "outside operators")
+GROUP_ORDER = ("weights", "attention", "cache", "generated kernels", "other operators", "outside operators")
 GROUP_LABELS = {"weights": "projections (weights)"}
 
 
@@ -172,7 +193,8 @@ def render_markdown(result: ProfileResult) -> str:
     info = result.run_info
     conditions = (
         f"Machine: {info.machine}, {info.cpu}, {info.torch_threads} torch threads, torch {info.torch}. "
-        f"Model: {info.model} ({info.dtype}), eager. Each agent decodes {result.new_tokens} tokens under "
+        f"Model: {info.model} ({info.dtype}), {'compiled' if result.compile_decode else 'eager'} decode steps. "
+        "Each agent decodes {result.new_tokens} tokens under "
         "`torch.profiler` after one unprofiled warm-up run; figures are per batched decode step (mean over the "
         f"profiled steps), in ms of the compute thread. {info.date}."
     )

@@ -60,6 +60,9 @@ logger = logging.getLogger(__name__)
 DECODE_STEP_LABEL = "polykv::decode_step"
 """The ``torch.profiler`` range of one batched decode step (forward and sampling of every running row)."""
 
+PACKED_STEP_LABEL = "polykv::packed_step"
+"""The ``torch.profiler`` range of a step that also prefills an admission's chunk (see ``runtime/packed_step.py``)."""
+
 _END = object()
 
 SCHEDULER_IDLE_SECONDS = 15.0
@@ -403,7 +406,7 @@ class BatchScheduler:
         admission = self._admission
         columns = self._chunk_columns(admission)
         running = len(self._rows)
-        with torch.profiler.record_function(DECODE_STEP_LABEL):
+        with torch.profiler.record_function(PACKED_STEP_LABEL):
             chunk = admission.ids[:, admission.done : admission.done + columns]  # [A, c]
             decode = PackedGroup(running, 1, self._cache, self._context(self._cache))
             admitted = PackedGroup(len(admission.requests), columns, admission.rows, self._context(admission.rows))

@@ -22,6 +22,7 @@ from polykv_agents.bench.step_profile import (
         ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
         ("aten::index_put_", "cache"),
         ("aten::rms_norm", "other operators"),
+        ("cpp_fused__to_copy_add_mean_mul_pow_rsqrt_0", "generated kernels"),
     ],
 )
 def test_operators_are_grouped_by_what_they_do(name, group):
@@ -42,3 +43,14 @@ def test_each_decode_step_is_taken_apart_into_operators_that_add_up_to_it(tiny_m
     markdown = render_markdown(result)
     assert all(f"{GROUP_LABELS.get(group, group)} ms" in markdown for group in GROUP_ORDER)
     assert "| native | 48 | 3 |" in markdown  # the weights column names the setting, not the group's time
+
+
+def test_a_compiled_step_is_taken_apart_into_its_generated_kernels_and_library_calls(tiny_model_dir):
+    options = ProfileOptions(
+        context_tokens=[48], agents=[1], weights=["native"], new_tokens=6, model=tiny_model_dir, compile_decode=True
+    )
+    (row,) = run_profile(options).rows
+    groups = row["groups_ms"]
+    assert groups["generated kernels"] > 0 and groups["weights"] > 0  # Inductor's kernels, the matmuls kept
+    assert any(name.startswith("cpp_fused") for name in row["top_operators_ms"])
+    assert sum(groups.values()) == pytest.approx(row["step_ms_mean"])
