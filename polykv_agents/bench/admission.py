@@ -2,8 +2,8 @@
 
 One pool of a pydoc_data.topics document on the embedded model. N agents decode (EOS ignored); once the first
 has ``join_after`` tokens, a new request with a ``prompt_tokens``-token prompt (a critic reading a long draft)
-arrives. Per admission setting (chunks of ``admission_chunk_tokens`` or the whole prompt; each in the running
-rows' forward, packed, or in a forward of its own), the median over repetitions of: the running agents' longest
+arrives. Per admission setting (chunks of ``admission_chunk_tokens``, each in the running rows' forward or in a
+forward of its own, or the whole prompt in one forward), the median over repetitions of: the running agents' longest
 gap between two tokens after the arrival, their median gap before it and while the newcomer was admitted, and
 the newcomer's time to first token. Each run uses a scheduler of its own, on the compute thread like every
 scheduler.
@@ -64,13 +64,15 @@ class AdmissionResult(BaseModel):
     rows: list[dict[str, Any]]
 
 
-ADMISSION_SETTINGS = ((ADMISSION_CHUNK_TOKENS, True), (ADMISSION_CHUNK_TOKENS, False), (None, True), (None, False))
-"""``(admission_chunk_tokens, pack_admissions)`` of each setting measured."""
+ADMISSION_SETTINGS = ((ADMISSION_CHUNK_TOKENS, True), (ADMISSION_CHUNK_TOKENS, False), (None, False))
+"""``(admission_chunk_tokens, pack_admissions)`` of each setting measured (a whole prompt is never packed)."""
 
 
 def _label(chunk: int | None, packed: bool) -> str:
-    where = "in the running rows' forward" if packed else "in a forward of its own"
-    return f"chunks of {chunk} tokens, each {where}" if chunk else f"whole prompt {where}"
+    if chunk is None:
+        return "whole prompt in one forward"
+    where = "the running rows' forward" if packed else "a forward of its own"
+    return f"chunks of {chunk} tokens, each in {where}"
 
 
 def _one_run(model, tokenizer, pool, prompts, newcomer, setting, options: AdmissionOptions) -> dict:
@@ -217,7 +219,7 @@ def readme_summary(result: AdmissionResult) -> str:
 
     def part(count: int) -> str:
         chunked, apart = row(count, ADMISSION_CHUNK_TOKENS, True), row(count, ADMISSION_CHUNK_TOKENS, False)
-        whole = row(count, None, True)
+        whole = row(count, None, False)
         return (
             f"with {count} agent{'s' if count > 1 else ''} decoding, their longest wait for a token was "
             f"{chunked['max_gap_after_ms']:.0f} ms in chunks against {whole['max_gap_after_ms']:.0f} ms whole (a step "

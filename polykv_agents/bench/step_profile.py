@@ -9,10 +9,10 @@ steps the guards and the graph's own bookkeeping.
 Operators are also grouped, by name, into what they do: projections (``weights``: the linear layers' matrix
 products, int8/int4 kernels included), ``attention`` (the fused kernel or its matmul-softmax-matmul, and
 the cascade merge's exp/max/logsumexp), ``cache`` (writing new keys and values), and ``other operators``
-(norms, RoPE, activations, casts, copies). With ``--compile-decode`` the steps are compiled, and the kernels
-Inductor generated (each a fusion of several of the model's operations: norms, RoPE, the reduced attention,
-the merge) are profiled one by one and grouped as ``generated kernels``; the matrix products and the fused
-attention kernel stay library calls and keep their groups.
+(norms, RoPE, activations, casts, copies). With ``--compile-decode`` the steps are compiled: the compiled
+graph's own time is its ``generated kernels`` (Inductor's fusions of norms, RoPE, the reduced attention, the
+merge), dynamo's guard checks and graph entry are ``graph entry``, and the matrix products and the fused
+attention kernel stay library calls in their groups.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ _GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("weights", ("aten::mm", "aten::addmm", "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu")),
     ("attention", ("attention", "aten::bmm", "softmax", "logsumexp", "aten::exp", "aten::amax", "aten::maximum")),
     ("cache", ("aten::index_put", "aten::cat", "aten::scatter")),
-    ("generated kernels", ("cpp_fused",)),
+    ("generated kernels", ("CompiledFxGraph", "cpp_fused")),
+    ("graph entry", ("TorchDynamo Cache Lookup", "Torch-Compiled Region", "Pregraph bytecode", "AOTDispatcher")),
 )
 
 
@@ -59,7 +60,7 @@ class ProfileOptions(SuiteOptions):
     model: str | None = None
     """Local HF model dir or cached id; default: embedded."""
     compile_decode: bool = False
-    """Profile compiled decode steps (compiled in the warm-up run, with Inductor's per-kernel profiling on)."""
+    """Profile compiled decode steps (compiled in the warm-up run)."""
 
     @field_validator("weights")
     @classmethod
@@ -93,7 +94,6 @@ def profile_rows(
 ) -> dict[str, Any]:
     """One configuration's profile: agents decode ``new_tokens`` each at once, profiled after a warm-up run
     (which compiles the step's bucket with ``compile_decode``)."""
-    import torch._inductor.config
     from torch.profiler import ProfilerActivity, profile
 
     from polykv_agents.bench.agents import answer_all, pooled_agents
@@ -102,9 +102,6 @@ def profile_rows(
     from polykv_agents.sampling.settings import GenerationSettings
 
     engine = Engine(scheduler_idle_seconds=None, max_prefix_bytes=0, compile_decode=compile_decode)
-    # Generated kernels record themselves in the profiler only if compiled so (a part of the graph cache's key).
-    kernel_profile = torch._inductor.config.patch({"cpp.enable_kernel_profile": True})
-    kernel_profile.__enter__()
     try:
         crew = pooled_agents(pool, model, tokenizer, roles[:agents], engine)
         questions = [q for _, q in roles[:agents]]
@@ -118,7 +115,6 @@ def profile_rows(
         finally:
             run_on_compute_thread(profiler.__exit__, None, None, None)
     finally:
-        kernel_profile.__exit__(None, None, None)
         engine.close()
     step_ms, operators = _step_breakdown(list(profiler.events()))
     steps = len(step_ms)
@@ -164,7 +160,9 @@ def run_profile(options: ProfileOptions, progress: Progress = lambda _: None) ->
     )  # fmt: skip
 
 
-GROUP_ORDER = ("weights", "attention", "cache", "generated kernels", "other operators", "outside operators")
+GROUP_ORDER = (
+    "weights", "attention", "cache", "generated kernels", "graph entry", "other operators", "outside operators",
+)  # fmt: skip
 GROUP_LABELS = {"weights": "projections (weights)"}
 
 
@@ -194,7 +192,7 @@ def render_markdown(result: ProfileResult) -> str:
     conditions = (
         f"Machine: {info.machine}, {info.cpu}, {info.torch_threads} torch threads, torch {info.torch}. "
         f"Model: {info.model} ({info.dtype}), {'compiled' if result.compile_decode else 'eager'} decode steps. "
-        "Each agent decodes {result.new_tokens} tokens under "
+        f"Each agent decodes {result.new_tokens} tokens under "
         "`torch.profiler` after one unprofiled warm-up run; figures are per batched decode step (mean over the "
         f"profiled steps), in ms of the compute thread. {info.date}."
     )

@@ -134,7 +134,9 @@ class BatchScheduler:
             call looks for the longest stored start of its prompt, prefilling only the rest (exact reuse;
             ``None``: none).
         pack_admissions: While rows decode, run their decode step and the admission's next chunk as one forward
-            (:mod:`~polykv_agents.runtime.packed_step`); ``False``: two forwards per step.
+            (:mod:`~polykv_agents.runtime.packed_step`); ``False``: two forwards per step. An admission that goes
+            in whole (``admission_chunk_tokens=None``) keeps a forward of its own: packing it gained nothing
+            measurable (``polykv-agents bench admission``).
     """
 
     idle_seconds: float | None = SCHEDULER_IDLE_SECONDS
@@ -279,11 +281,11 @@ class BatchScheduler:
 
     def _step(self) -> None:
         """Admit waiting requests, then one decode step for every running row: one forward for both when an
-        admission's chunk is due while rows decode and ``pack_admissions`` is on (see :mod:`.packed_step`)."""
+        admission goes in chunks while rows decode and ``pack_admissions`` is on (see :mod:`.packed_step`)."""
         try:
             if self._admission is None:
                 self._admission = self._start_admission()
-            if self._admission is not None and self._rows and self.pack_admissions:
+            if self._admission is not None and self._rows and self.pack_admissions and self.admission_chunk_tokens:
                 self._packed_step()
             else:
                 self._admit()

@@ -22,7 +22,8 @@ from polykv_agents.bench.step_profile import (
         ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
         ("aten::index_put_", "cache"),
         ("aten::rms_norm", "other operators"),
-        ("cpp_fused__to_copy_add_mean_mul_pow_rsqrt_0", "generated kernels"),
+        ("## Call CompiledFxGraph fpq6ezzmn7lhhap2ico32gqasx64klkvhqr4mwj75uojznzgtvx5 ##", "generated kernels"),
+        ("TorchDynamo Cache Lookup", "graph entry"),
     ],
 )
 def test_operators_are_grouped_by_what_they_do(name, group):
@@ -51,6 +52,6 @@ def test_a_compiled_step_is_taken_apart_into_its_generated_kernels_and_library_c
     )
     (row,) = run_profile(options).rows
     groups = row["groups_ms"]
-    assert groups["generated kernels"] > 0 and groups["weights"] > 0  # Inductor's kernels, the matmuls kept
-    assert any(name.startswith("cpp_fused") for name in row["top_operators_ms"])
+    # Inductor's kernels, dynamo's guards, and the matrix products that stay library calls:
+    assert groups["generated kernels"] > 0 and groups["graph entry"] > 0 and groups["weights"] > 0
     assert sum(groups.values()) == pytest.approx(row["step_ms_mean"])

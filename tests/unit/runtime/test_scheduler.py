@@ -364,7 +364,7 @@ def test_a_long_prompt_is_admitted_in_chunks_between_the_running_row_s_steps(pac
 
 
 def test_without_chunking_an_admission_is_one_forward(tiny_tok, pool):
-    """The whole prompt in one forward, packed with the running row's token."""
+    """The whole prompt in one forward of its own (a whole admission is never packed with the running rows)."""
     model = tiny_sensitive_llama()
     scheduler = BatchScheduler(model, tiny_tok, pool, admission_chunk_tokens=None)
     forwards = _record_forwards(model)
@@ -374,6 +374,6 @@ def test_without_chunking_an_admission_is_one_forward(tiny_tok, pool):
     second, _ = _submit(scheduler, long, GenerationSettings(max_new_tokens=3))
     list(second), list(first)
     scheduler.close()
-    assert (1, 1 + long.numel()) in forwards
+    assert (1, long.numel()) in forwards
     with pytest.raises(ValueError, match="admission_chunk_tokens must be at least 1 or None"):
         BatchScheduler(model, tiny_tok, pool, admission_chunk_tokens=0)
