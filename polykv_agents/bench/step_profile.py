@@ -166,6 +166,11 @@ GROUP_ORDER = (
 GROUP_LABELS = {"weights": "projections (weights)"}
 
 
+def shown_groups(result: ProfileResult) -> list[str]:
+    """The groups of :data:`GROUP_ORDER` that some profiled step had (an eager step has no generated kernels)."""
+    return [group for group in GROUP_ORDER if any(group in row["groups_ms"] for row in result.rows)]
+
+
 def render_markdown(result: ProfileResult) -> str:
     table_rows = [
         {
@@ -181,7 +186,7 @@ def render_markdown(result: ProfileResult) -> str:
             column("context", "context", "{:,}"),
             column("agents", "agents"),
             column("step ms (mean)", "step", "{:.1f}"),
-            *(column(f"{GROUP_LABELS.get(group, group)} ms", f"group {group}", "{:.1f}") for group in GROUP_ORDER),
+            *(column(f"{GROUP_LABELS.get(g, g)} ms", f"group {g}", "{:.1f}") for g in shown_groups(result)),
         ],
     )
     tops = []

@@ -192,6 +192,45 @@ def _attend_reduced(
     return out / total.clamp_min(torch.finfo(total.dtype).tiny), (top + torch.log(total)).squeeze(-1)
 
 
+def _attend_reduced_in_halves(query, keys, values, scaling: float, mask=None, softcap=None):
+    """:func:`_attend_reduced` over each half of the keys, merged: for the shared prefix in compiled steps.
+
+    Where a float32 sum runs over more than 4,096 elements, Inductor switches to a cascaded summation, and it
+    guards on the length to choose: one sum over the whole prefix would make the first document past 4,096
+    tokens compile every graph again. Over halves, that happens past 8,192 tokens (SmolLM2's whole context),
+    for about 5% more time in this attention (``benchmarks/probes/decode_attention.py``).
+    """
+    length = keys.shape[-2]
+    if length < 2:
+        return _attend_reduced(query, keys, values, scaling, mask, softcap)
+    half = (length + 1) // 2
+    parts = [
+        _attend_reduced(query, keys[..., part, :], values[..., part, :], scaling, _keys_of(mask, part), softcap)
+        for part in (slice(None, half), slice(half, None))
+    ]
+    out, top, total = _merge(*parts)
+    return out, top + torch.log(total)
+
+
+def _keys_of(mask: torch.Tensor | None, part: slice) -> torch.Tensor | None:
+    """The columns of ``mask [..., n, k]`` for the keys in ``part`` (``None``: every key is visible)."""
+    return None if mask is None else mask[..., part]
+
+
+def _merge(first, second) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exact merge of two softmax parts over disjoint keys, each ``(out [..., n, D], lse [..., n])``:
+    ``(out, top, total)`` with the merged lse ``top + log(total)``. A part with no visible key (lse ``-inf``)
+    gets weight 0; where neither has one, out is 0 and total 0."""
+    (out_a, lse_a), (out_b, lse_b) = first, second
+    top = torch.maximum(lse_a, lse_b)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # e.g. a left-padding query sees nothing
+    w_a = torch.exp(lse_a - top).unsqueeze(-1)
+    w_b = torch.exp(lse_b - top).unsqueeze(-1)
+    total = w_a + w_b
+    out = (out_a * w_a + out_b * w_b) / total.clamp_min(torch.finfo(torch.float32).tiny)
+    return out, top, total.squeeze(-1)
+
+
 def _softmax_parts(scores: torch.Tensor, mask, softcap) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(exp(scores - top), top, sum)`` of float32 ``scores [..., n, k]`` after soft-capping and masking."""
     if softcap is not None:
@@ -286,16 +325,20 @@ def cascade_attention_forward(
     grouped = query.reshape(batch, kv_heads, groups * q_len, head_dim).transpose(0, 1)
     grouped = grouped.reshape(1, kv_heads, batch * groups * q_len, head_dim)
     prefix_mask = cascade.prefix_mask(q_len, groups, query.device, window)
-    out_prefix, lse_prefix = _attend(
-        grouped,
-        prefix_keys,
-        prefix_values,
-        scaling,
-        bool_mask=prefix_mask,
-        additive_mask=cascade.additive(prefix_mask, query.dtype),
-        softcap=softcap,
-        reduced=compiled_decode and batch * groups <= REDUCED_MAX_QUERIES,
-    )
+    if compiled_decode and batch * groups <= REDUCED_MAX_QUERIES:
+        out_prefix, lse_prefix = _attend_reduced_in_halves(
+            grouped, prefix_keys, prefix_values, scaling, prefix_mask, softcap
+        )
+    else:
+        out_prefix, lse_prefix = _attend(
+            grouped,
+            prefix_keys,
+            prefix_values,
+            scaling,
+            bool_mask=prefix_mask,
+            additive_mask=cascade.additive(prefix_mask, query.dtype),
+            softcap=softcap,
+        )
     out_prefix = out_prefix.view(kv_heads, batch, groups * q_len, head_dim).transpose(0, 1)
     lse_prefix = lse_prefix.view(kv_heads, batch, groups * q_len).transpose(0, 1)
 
@@ -312,13 +355,7 @@ def cascade_attention_forward(
         reduced=compiled_decode,  # each row's own G queries: always few per kv head
     )
 
-    # Exact merge of the two softmax parts; a part with no visible key (lse -inf) gets weight 0.  [B, KVH, G*q, D]
-    top = torch.maximum(lse_prefix, lse_suffix)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a left-padding query sees nothing
-    w_prefix = torch.exp(lse_prefix - top).unsqueeze(-1)
-    w_suffix = torch.exp(lse_suffix - top).unsqueeze(-1)
-    total = (w_prefix + w_suffix).clamp_min(torch.finfo(torch.float32).tiny)
-    out = (out_prefix * w_prefix + out_suffix * w_suffix) / total
+    out, _, _ = _merge((out_prefix, lse_prefix), (out_suffix, lse_suffix))  # [B, KVH, G*q, D]
     out = out.reshape(batch, heads, q_len, head_dim).transpose(1, 2).contiguous()  # [B, q, H, D]
     return out.to(query.dtype), None
 

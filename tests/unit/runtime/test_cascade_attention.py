@@ -127,19 +127,42 @@ def test_fused_and_unfused_kernels_agree_and_mark_fully_masked_rows():
     visible = torch.rand(2, 1, 4, 6, generator=gen) > 0.4
     visible[..., 0] = True
     visible[1, :, 2] = False  # a left-padding query: sees nothing
+    visible[0, :, 1, :3], visible[0, :, 1, 3] = False, True  # a query that sees keys of the second half only
     additive = torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))
     fused = cascade_attention._attend(query, keys, values, 0.3, bool_mask=visible, additive_mask=additive)
     unfused = cascade_attention._attend_unfused(query, keys, values, 0.3, visible)
     reduced = cascade_attention._attend(query, keys, values, 0.3, bool_mask=visible, reduced=True)
+    halves = cascade_attention._attend_reduced_in_halves(query, keys, values, 0.3, visible)
     seen = visible.expand(2, 3, 4, 6).any(-1)  # [N, H, n]
-    for (out, lse), name in ((fused, "fused"), (unfused, "unfused"), (reduced, "reduced")):
+    paths = ((fused, "fused"), (unfused, "unfused"), (reduced, "reduced"), (halves, "reduced in halves"))
+    for (out, lse), name in paths:
         assert torch.isfinite(out).all(), name
         # A query that sees nothing must weigh nothing in the merge: its log-sum-exp is -inf, on every path.
         assert torch.isneginf(lse[~seen]).all(), name
         assert torch.isfinite(lse[seen]).all(), name
-    for other in (fused, reduced):
+    for other in (fused, reduced, halves):
         for got, expected in zip(other, unfused, strict=True):
             torch.testing.assert_close(got[seen], expected[seen], rtol=1e-5, atol=1e-6)
+
+
+def test_the_compiled_prefix_attention_serves_documents_on_both_sides_of_4096_tokens_with_one_graph():
+    """Inductor guards a float32 sum over more than 4,096 elements (it then sums in cascades): summed over the
+    whole prefix, the first document past 4,096 tokens would compile every graph again. In halves, one graph
+    serves every document up to 8,192 tokens, and stays exact."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("inductor")
+    attend = torch.compile(cascade_attention._attend_reduced_in_halves, backend=counter, dynamic=False)
+    gen = torch.Generator().manual_seed(2)
+    query = torch.randn(1, 2, 3, 16, generator=gen)
+    for tokens in (1000, 5000, 8000):
+        keys, values = (torch.randn(1, 2, tokens, 16, generator=gen) for _ in "kv")
+        torch._dynamo.mark_dynamic(keys, 2)
+        torch._dynamo.mark_dynamic(values, 2)
+        for got, expected in zip(attend(query, keys, values, 0.25), cascade_attention._attend_unfused(
+            query, keys, values, 0.25), strict=True):  # fmt: skip
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    assert counter.frame_count == 1
 
 
 def test_reduced_attention_soft_caps_like_the_unfused_one():
@@ -148,7 +171,8 @@ def test_reduced_attention_soft_caps_like_the_unfused_one():
     query, keys, values = (torch.randn(1, 2, n, 8, generator=gen) * 4 for n in (3, 9, 9))
     capped = cascade_attention._attend_reduced(query, keys, values, 1.0, softcap=2.0)
     unfused = cascade_attention._attend_unfused(query, keys, values, 1.0, softcap=2.0)
-    for got, expected in zip(capped, unfused, strict=True):
+    in_halves = cascade_attention._attend_reduced_in_halves(query, keys, values, 1.0, softcap=2.0)
+    for got, expected in [*zip(capped, unfused, strict=True), *zip(in_halves, unfused, strict=True)]:
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
     uncapped = cascade_attention._attend_reduced(query, keys, values, 1.0)
     assert not torch.allclose(capped[1], uncapped[1])  # the cap changed the scores
