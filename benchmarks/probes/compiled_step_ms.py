@@ -2,11 +2,13 @@
 
 Run it on two commits to compare them (the bench suites compare settings within one run; this compares code):
 
-    python benchmarks/probes/compiled_step_ms.py CONTEXT WEIGHTS AGENTS   # e.g. 4096 int8 1,2,15
+    python benchmarks/probes/compiled_step_ms.py CONTEXTS WEIGHTS AGENTS   # e.g. 4096 int8 1,2,15, or 2048,4200 ...
 
 Each count of agents decodes 48 tokens each (EOS ignored) over a pool of CONTEXT tokens of a pydoc_data.topics
 document, on an ``Engine(compile_decode="inductor", max_prefix_bytes=0)``; one run warms up (and compiles),
 then the median of 5 runs of the median gap between an agent's consecutive tokens is printed, with its range.
+With several contexts, one process runs them in turn (a pool each) and prints how many graphs dynamo had compiled
+so far after each: a document that crosses a guard compiles its buckets again.
 
 Measured 2026-12-02 on this project's 2-core machine, SmolLM2-135M-Instruct, bf16, int8 weights, before
 (589f9b8) and after (6fa95b4) the reduced attention of compiled steps (``_attend_reduced`` with the query written once):
@@ -28,6 +30,8 @@ from __future__ import annotations
 import statistics
 import sys
 
+import torch._dynamo.utils
+
 from polykv_agents.bench.agents import pool_and_roles, pooled_agents
 from polykv_agents.bench.step_costs import step_intervals_ms
 from polykv_agents.engine import Engine, load_model
@@ -35,19 +39,23 @@ from polykv_agents.sampling.settings import GenerationSettings
 
 
 def main() -> None:
-    context, weights, counts = int(sys.argv[1]), sys.argv[2], [int(n) for n in sys.argv[3].split(",")]
+    contexts, weights = [int(n) for n in sys.argv[1].split(",")], sys.argv[2]
+    counts = [int(n) for n in sys.argv[3].split(",")]
     model, tokenizer = load_model(None, weights=weights)
-    pool, roles = pool_and_roles(model, tokenizer, context, max(counts))
-    questions = [question for _, question in roles]
     settings = GenerationSettings(max_new_tokens=48, ignore_eos=True)
     engine = Engine(scheduler_idle_seconds=None, max_prefix_bytes=0, compile_decode="inductor")
     try:
-        for count in counts:
-            crew = pooled_agents(pool, model, tokenizer, roles[:count], engine)
-            step_intervals_ms(crew, questions[:count], settings)  # warm-up: compiles this bucket
-            ms = [step_intervals_ms(crew, questions[:count], settings) for _ in range(5)]
-            print(f"{context} tokens, {weights}, {count} agent(s): {statistics.median(ms):.1f} ms/step "
-                  f"({min(ms):.1f}-{max(ms):.1f})", flush=True)  # fmt: skip
+        for context in contexts:
+            pool, roles = pool_and_roles(model, tokenizer, context, max(counts))
+            questions = [question for _, question in roles]
+            for count in counts:
+                crew = pooled_agents(pool, model, tokenizer, roles[:count], engine)
+                step_intervals_ms(crew, questions[:count], settings)  # warm-up: compiles this bucket
+                ms = [step_intervals_ms(crew, questions[:count], settings) for _ in range(5)]
+                print(f"{context} tokens, {weights}, {count} agent(s): {statistics.median(ms):.1f} ms/step "
+                      f"({min(ms):.1f}-{max(ms):.1f})", flush=True)  # fmt: skip
+            graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+            print(f"graphs compiled so far: {graphs}", flush=True)
         for scheduler in engine.schedulers.live():
             if scheduler.compiled.failed is not None:
                 print(f"compiling failed, these steps ran eager: {scheduler.compiled.failed}")
