@@ -23,6 +23,19 @@ Measured 2026-12-02 on this project's 2-core machine, SmolLM2-135M-Instruct, bf1
 | 4096 | 15 | 89.3 (86.9-102.3) | 79.8 (78.4-92.3) |
 
 Without writing the query first, the reduced attention gave 28.1 ms at 4K for one agent and 45.8 ms for two.
+
+``2048,4200 int8 1,4`` on d6fd937 (the prefix summed whole) and on a644de3 (in halves), 2026-12-02, one after the
+other, on a slower day of the same machine (ms per step):
+
+| context | agents | whole | in halves |
+|---|---|---|---|
+| 2048 | 1 | 27.1 (25.0-30.0) | 26.4 (23.6-33.4) |
+| 2048 | 4 | 37.8 (35.0-43.4) | 38.5 (33.4-39.9) |
+| 4200 | 1 | 30.6 (27.7-31.0) | 31.7 (30.7-47.5) |
+| 4200 | 4 | 52.8 (46.7-56.8) | 50.8 (44.4-70.7) |
+
+Graphs compiled after the 2,048-token pool: 3 on both; after the 4,200-token pool: 5 whole (both buckets compiled
+again), 3 in halves (none).
 """
 
 from __future__ import annotations

@@ -24,6 +24,11 @@ an earlier run of the same shapes, so the threshold stays at one or two agents o
 step it first gained nothing (27.4 -> 28.1 ms per step, one agent, 4K, int8 weights): Inductor had inlined the
 query's rotary embedding, a cos and a sin per element, into the loop over the keys. Writing the query to memory
 first (``_computed_once``) made it 17.5 ms (``benchmarks/probes/compiled_step_ms.py``).
+
+In halves (``_attend_reduced_in_halves``, what compiled steps now run for the prefix, so that no float32 sum
+runs over more than 4,096 keys): this script, 2026-12-02 at a644de3, bf16, two rounds each (reduced / halves, us
+per layer): 3 rows 580-364 / 357-357; 6 rows 587-658 / 562-640; 12 rows 1203-1343 / 1091-1158. No cost beyond
+the noise of this machine (whose fused kernel took 527-553 us at 6 rows in the same run).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import time
 
 import torch
 
-from polykv_agents.runtime.cascade_attention import _attend_reduced
+from polykv_agents.runtime.cascade_attention import _attend_reduced, _attend_reduced_in_halves
 
 LAYERS = 30
 KV_HEADS, HEAD_DIM, TOKENS = 3, 64, 4096
@@ -49,10 +54,15 @@ def matmuls(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> No
 
 
 _REDUCED = torch.compile(_attend_reduced, dynamic=False)
+_HALVES = torch.compile(_attend_reduced_in_halves, dynamic=False)
 
 
 def reduced(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
     _REDUCED(query, keys, values, HEAD_DIM**-0.5)
+
+
+def halves(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+    _HALVES(query, keys, values, HEAD_DIM**-0.5)
 
 
 def per_layer_us(attend, query: torch.Tensor, keys: list, values: list, rounds: int = 6) -> float:
@@ -74,8 +84,11 @@ def main() -> None:
         values = [torch.randn_like(k) for k in keys]
         for rows in (3, 6, 12, 45):
             query = torch.randn(1, KV_HEADS, rows, HEAD_DIM, dtype=dtype)
-            timed = [[per_layer_us(attend, query, keys, values) for attend in (fused, matmuls, reduced)] for _ in "ab"]
-            shown = "  ".join(f"fused {a:.0f} us, matmuls {b:.0f} us, reduced {c:.0f} us" for a, b, c in timed)
+            ways = (fused, matmuls, reduced, halves)
+            timed = [[per_layer_us(attend, query, keys, values) for attend in ways] for _ in "ab"]
+            shown = "  ".join(
+                f"fused {a:.0f} us, matmuls {b:.0f} us, reduced {c:.0f} us, halves {d:.0f} us" for a, b, c, d in timed
+            )
             print(f"{dtype!s:15} rows {rows:3}: {shown}", flush=True)
 
 
