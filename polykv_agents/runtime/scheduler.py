@@ -283,6 +283,7 @@ class BatchScheduler:
         """Admit waiting requests, then one decode step for every running row: one forward for both when an
         admission goes in chunks while rows decode and ``pack_admissions`` is on (see :mod:`.packed_step`)."""
         try:
+            self._drop_finished()  # rows cancelled since the last step: before they cost a packed forward a token
             if self._admission is None:
                 self._admission = self._start_admission()
             if self._admission is not None and self._rows and self.pack_admissions and self.admission_chunk_tokens:
