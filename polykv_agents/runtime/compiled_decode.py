@@ -5,7 +5,8 @@ An eager decode step of a small model is about a thousand short operations, and 
 its time is spent between them, not in them. Compiled, the elementwise work of a layer (norms, rotary
 embedding, residuals, the cascade merge) fuses into a few kernels; the matrix products stay library calls.
 Attention becomes generated loops where few queries share a kv head (every suffix, and the prefix for one or
-two agents: ``cascade_attention._attend_reduced``) and stays the fused kernel for the prefix of many agents.
+two agents: ``cascade_attention._attend_reduced``, over the prefix in two halves so that a document past 4,096
+tokens needs no new graph) and stays the fused kernel for the prefix of many agents.
 
 Compiled code wants few shapes, so a compiled step pads what varies:
 
