@@ -334,17 +334,22 @@ class BatchScheduler:
         context = self._context(cache)
         # Row r's token in slot j sits at position T + j - starts[r]; left padding gets clamped positions.
         positions = context.query_positions(q_len).clamp(min=0)  # [B, q]
-        with torch.inference_mode():
-            logits = self.model(
-                input_ids=ids.to(self.model.device),
-                position_ids=positions.to(self.model.device),
-                use_cache=True,
-                **{cache_keyword(self.model): cache},
-                logits_to_keep=1,
-                cascade=context,
-            ).logits
+        logits = self._model_logits(ids, positions, cache, context, 1)
         cache.advance(q_len)
         return logits[:, -1]
+
+    def _model_logits(self, ids, positions, cache, cascade, logits_to_keep) -> torch.Tensor:
+        """The model's logits for ``ids`` at ``positions`` over ``cache`` with cascade attention (``cascade``)."""
+        device = self.model.device
+        with torch.inference_mode():
+            return self.model(
+                input_ids=ids.to(device),
+                position_ids=positions.to(device),
+                use_cache=True,
+                **{cache_keyword(self.model): cache},
+                logits_to_keep=logits_to_keep,
+                cascade=cascade,
+            ).logits
 
     def _context(self, cache: SuffixCache) -> CascadeContext:
         """The cascade context of one forward over ``cache``'s rows (their lengths as they are before it)."""
@@ -418,15 +423,9 @@ class BatchScheduler:
             chunk_positions = admitted.context.query_positions(columns).clamp(min=0)  # left padding: clamped
             positions = torch.cat([decode.context.query_positions(1).view(-1), chunk_positions.view(-1)])
             try:
-                with torch.inference_mode():
-                    logits = self.model(
-                        input_ids=ids.view(1, -1).to(self.model.device),
-                        position_ids=positions.view(1, -1).to(self.model.device),
-                        use_cache=True,
-                        **{cache_keyword(self.model): packed.cache},
-                        logits_to_keep=packed.kept_positions().to(self.model.device),
-                        cascade=packed,
-                    ).logits[0]  # [B + A, vocab]: each running row's next token, then each admitted row's last
+                keep = packed.kept_positions().to(self.model.device)
+                # [B + A, vocab]: each running row's next token, then each admitted row's last
+                logits = self._model_logits(ids.view(1, -1), positions.view(1, -1), packed.cache, packed, keep)[0]
             except Exception as e:  # which rows' inputs failed is unknown: both groups end with the error
                 self._fail_admission(e)
                 raise
