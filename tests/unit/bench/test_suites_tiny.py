@@ -159,7 +159,7 @@ def test_admission_suite_times_every_setting_for_each_running_count(tiny_model_d
     from polykv_agents.bench.admission import SUITE, AdmissionOptions
 
     options = AdmissionOptions(
-        model=tiny_model_dir, context_tokens=64, prompt_tokens=40, running=[1, 3], new_tokens=12, join_after=3,
+        model=tiny_model_dir, context_tokens=64, prompt_tokens=300, running=[1, 3], new_tokens=12, join_after=3,
         repetitions=1,
     )  # fmt: skip
     result = SUITE.run(options, [].append)
@@ -168,7 +168,9 @@ def test_admission_suite_times_every_setting_for_each_running_count(tiny_model_d
         (count, *setting) for count in (1, 3) for setting in settings
     ]
     assert all(r["max_gap_after_ms"] > 0 and r["newcomer_ttft_s"] > 0 for r in result.rows)
-    assert result.prompt_tokens == 40
+    assert result.prompt_tokens == 300
+    # 300 tokens go in 3 chunks of 128: the running agents get tokens while it is admitted.
+    assert all(r["median_gap_during_ms"] > 0 for r in result.rows if r["chunk_tokens"])
     assert "newcomer's first token" in SUITE.rendered(result).blocks["admission"]
     assert [p.name for p in SUITE.write(result, tmp_path)] == ["admission.json", "admission.md"]
     with pytest.raises(ValueError, match="must be below new_tokens"):
