@@ -20,7 +20,7 @@ from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.model.device import DeviceNotAvailableError
 from polykv_agents.model.fingerprint import ModelFingerprint
 from polykv_agents.model.loading import DEFAULT_MODEL, ModelNotFoundError
-from polykv_agents.pool import MemoryReport, PoolHandle, PoolHandleState, PoolStore, SharedKVPool
+from polykv_agents.pool import MemoryReport, PoolHandle, PoolHandleState, PoolStore, SharedKVPool, compose_pools
 from polykv_agents.sampling.settings import GenerationSettings
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "PrefetchDocument",
     "SharedKVPool",
     "ToolCallCutError",
+    "compose_pools",
     "default_engine",
     "load_model",
     "run_on_compute_thread",

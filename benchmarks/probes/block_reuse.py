@@ -36,6 +36,7 @@ verdict are. Recomputing the tokens whose keys move most (CacheBlend's selection
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 
 import torch
@@ -96,7 +97,7 @@ def nll_along(model, cache: DynamicCache, logits: torch.Tensor, position: int, t
     return total / len(tokens)
 
 
-def trial(model, tokenizer, text: str, other: str, recompute: list[int]) -> dict[int, dict[str, float]]:
+def trial(model, tokenizer, text: str, other: str, settings: list[tuple[str, float]]) -> dict[tuple[str, float], dict]:
     ids = tokenizer(text).input_ids
     document = ids[:DOCUMENT_TOKENS]
     sentences = tokenizer(other).input_ids
@@ -115,36 +116,34 @@ def trial(model, tokenizer, text: str, other: str, recompute: list[int]) -> dict
     header = tokenizer("<|im_start|>user\nThe specialists' findings:").input_ids
     labels = [tokenizer(f"\n{i + 1}. ").input_ids for i in range(FINDINGS)]
     question = tokenizer(QUESTION).input_ids
-    prompt = header + [t for label, f in zip(labels, findings, strict=True) for t in label + f] + question
 
+    # The critic's prompt after the document, and where each finding's tokens sit in it.
+    prompt, blocks, position = list(header), [], len(document) + len(header)
+    for label, finding in zip(labels, findings, strict=True):
+        prompt += label + finding
+        position += len(label)
+        blocks.append(range(position, position + len(finding)))
+        position += len(finding)
     full = copy_cache(base)
-    logits = forward(model, prompt, full, len(document))
-    end = len(document) + len(prompt)
+    forward(model, prompt, full, len(document))
+    logits = forward(model, question, full, position)
+    end = position + len(question)
     reference = copy_cache(full)
     answer, _ = greedy(model, full, logits, end)
     full_nll = nll_along(model, reference, logits, end, answer)
+    deviation = key_value_deviation(reference, moved_cache(model, base, header, labels, blocks, stored), blocks)
 
     results = {}
-    for k in recompute:
-        cache = copy_cache(base)
-        position = len(document)
-        logits = forward(model, header, cache, position)
-        position += len(header)
-        for label, finding, (old_start, layers) in zip(labels, findings, stored, strict=True):
-            head = label + finding[:k]
-            logits = forward(model, head, cache, position)
-            position += len(head)
-            if k < len(finding):
-                rest = [(key[:, :, k:], value[:, :, k:]) for key, value in layers]
-                append_moved(model, cache, rest, position - (old_start + k))
-                position += len(finding) - k
+    for strategy, fraction in settings:
+        cache = moved_cache(model, base, header, labels, blocks, stored)
+        recompute = sorted(set(label_positions(labels, blocks)) | set(select(strategy, fraction, blocks, deviation)))
+        recompute_in_place(model, cache, [prompt[p - len(document)] for p in recompute], recompute)
         logits = forward(model, question, cache, position)
-        position += len(question)
-        reference = copy_cache(cache)
-        reused_answer, _ = greedy(model, cache, logits, position)
-        nll = nll_along(model, reference, logits, position, answer)
+        replayed = copy_cache(cache)
+        reused_answer, _ = greedy(model, cache, logits, end)
+        nll = nll_along(model, replayed, logits, end, answer)
         same = next((i for i, (a, b) in enumerate(zip(answer, reused_answer, strict=True)) if a != b), ANSWER_TOKENS)
-        results[k] = {
+        results[strategy, fraction] = {
             "judge_same": float(tokenizer.decode(answer[:1]).strip() == tokenizer.decode(reused_answer[:1]).strip()),
             "nll_delta": nll - full_nll,
             "agreement": same,
@@ -152,25 +151,96 @@ def trial(model, tokenizer, text: str, other: str, recompute: list[int]) -> dict
     return results
 
 
+def label_positions(labels: list[list[int]], blocks: list[range]) -> list[int]:
+    """Positions of the "\\n1. " labels: new text, always computed."""
+    pairs = zip(labels, blocks, strict=True)
+    return [p for label, block in pairs for p in range(block.start - len(label), block.start)]
+
+
+@torch.inference_mode()
+def moved_cache(model, base, header, labels, blocks, stored) -> DynamicCache:
+    """[document][header exact][label: zeros][finding: moved] ...: every finding's stored keys re-rotated to its new
+    position; the labels' slots hold zeros until recomputed."""
+    cache = copy_cache(base)
+    forward(model, header, cache, cache.get_seq_length())
+    for label, block, (old_start, layers) in zip(labels, blocks, stored, strict=True):
+        zeros = [(torch.zeros_like(k[:, :, : len(label)]), torch.zeros_like(v[:, :, : len(label)])) for k, v in layers]
+        for layer, (k, v) in enumerate(zeros):
+            cache.update(k, v, layer)
+        append_moved(model, cache, layers, block.start - old_start)
+    return cache
+
+
+def key_value_deviation(reference: DynamicCache, moved: DynamicCache, blocks: list[range]) -> torch.Tensor:
+    """Per layer and block token: |K_true - K_moved| + |V_true - V_moved| (L2 over heads and dims), ``[L, tokens]``."""
+    index = torch.tensor([p for block in blocks for p in block])
+    rows = []
+    for true, reused in zip(reference.layers, moved.layers, strict=False):
+        dk = (true.keys[0, :, index] - reused.keys[0, :, index]).float().pow(2).sum((0, 2)).sqrt()
+        dv = (true.values[0, :, index] - reused.values[0, :, index]).float().pow(2).sum((0, 2)).sqrt()
+        rows.append(dk + dv)
+    return torch.stack(rows)
+
+
+def select(strategy: str, fraction: float, blocks: list[range], deviation: torch.Tensor) -> list[int]:
+    """Block positions to recompute: ``fraction`` of each block's tokens (``first``) or of all (by deviation)."""
+    everything = [p for block in blocks for p in block]
+    if strategy == "first":
+        return [p for block in blocks for p in list(block)[: math.ceil(fraction * len(block))]]
+    count = math.ceil(fraction * len(everything))
+    # cacheblend: the deviation at layer 1, which costs two layers of a full prefill; oracle: over all layers.
+    score = deviation[1] if strategy == "cacheblend" else (deviation / deviation.mean(1, keepdim=True)).sum(0)
+    return [everything[i] for i in score.topk(count).indices.tolist()]
+
+
+@torch.inference_mode()
+def recompute_in_place(model, cache: DynamicCache, ids: list[int], positions: list[int]) -> None:
+    """Run the tokens at ``positions`` again, each attending to the cache's entries before it (the stale entries of
+    the recomputed tokens masked out) and to the recomputed tokens before it; their new keys and values then replace
+    the old ones in place, layer by layer (CacheBlend's selective recompute)."""
+    if not positions:
+        return
+    length, count = cache.get_seq_length(), len(positions)
+    at = torch.tensor(positions)
+    old = torch.arange(length).unsqueeze(0) < at.unsqueeze(1)  # [q, L]: earlier entries
+    old[:, at] = False  # stale copies of the tokens being recomputed
+    new = at.unsqueeze(0) <= at.unsqueeze(1)  # [q, q]: recomputed tokens up to itself
+    mask = torch.cat([old, new], dim=1).view(1, 1, count, length + count)
+    model(
+        input_ids=torch.tensor([ids]),
+        position_ids=at.unsqueeze(0),
+        past_key_values=cache,
+        attention_mask=mask,
+        use_cache=True,
+    )
+    for layer in cache.layers:
+        layer.keys[:, :, at] = layer.keys[:, :, length:]
+        layer.values[:, :, at] = layer.values[:, :, length:]
+        layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--documents", type=int, default=12)
-    parser.add_argument("--recompute", type=int, nargs="+", default=[0, 1, 4, 8, 16, 40])
+    parser.add_argument("--fractions", type=float, nargs="+", default=[0.0, 0.15, 0.3, 0.5, 1.0])
+    parser.add_argument("--strategies", nargs="+", default=["first", "cacheblend", "oracle"])
     args = parser.parse_args()
+    settings = [(s, f) for s in args.strategies for f in args.fractions if 0 < f < 1 or s == "first"]
     model, tokenizer = load_model()
     texts = pydoc_documents(2 * args.documents, chars_per_document=8 * DOCUMENT_TOKENS)
-    rows: dict[int, list[dict[str, float]]] = {k: [] for k in args.recompute}
+    rows: dict[tuple[str, float], list[dict[str, float]]] = {setting: [] for setting in settings}
     for i in range(args.documents):
-        for k, figures in trial(model, tokenizer, texts[2 * i], texts[2 * i + 1], args.recompute).items():
-            rows[k].append(figures)
+        for setting, figures in trial(model, tokenizer, texts[2 * i], texts[2 * i + 1], settings).items():
+            rows[setting].append(figures)
     print(f"{model.config.name_or_path} ({model.dtype}), {args.documents} documents, {FINDINGS} findings of "
           f"{FINDING_TOKENS} tokens after a {DOCUMENT_TOKENS}-token document")  # fmt: skip
-    print("recomputed first tokens | judge same as full | NLL delta (mean) | greedy tokens agreeing (median)")
-    for k, figures in rows.items():
+    print("selection | recomputed | judge same as full | NLL delta (mean, min-max) | greedy tokens agreeing (median)")
+    for (strategy, fraction), figures in rows.items():
         judge = statistics.mean(f["judge_same"] for f in figures)
-        nll = statistics.mean(f["nll_delta"] for f in figures)
+        nll = [f["nll_delta"] for f in figures]
         agree = statistics.median(f["agreement"] for f in figures)
-        print(f"{k:>3} | {judge:.0%} | {nll:+.3f} | {agree:.0f} of {ANSWER_TOKENS}")
+        print(f"{strategy} | {fraction:.0%} | {judge:.0%} | {statistics.mean(nll):+.3f} ({min(nll):+.3f} to "
+              f"{max(nll):+.3f}) | {agree:.0f} of {ANSWER_TOKENS}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -96,6 +96,8 @@ class _PoolFileHeader(BaseModel):
     prefix_messages: list[dict[str, str]] | None
     fp16_nbytes: int = Field(ge=0)
     model_dtype_nbytes: int = Field(ge=0)
+    composition: dict[str, Any] | None = None
+    """How a composed pool was made (``SharedKVPool.composition``); ``None`` for a prefilled pool."""
 
     tensors: dict[str, _TensorSpec]
     """Every stored tensor by name: ``token_ids`` and ``layers.{i}.{keys|values}.{name}``."""
@@ -156,6 +158,7 @@ def pool_record(pool: SharedKVPool) -> PoolRecord:
         prefix_messages=None if pool.prefix_messages is None else [dict(m) for m in pool.prefix_messages],
         fp16_nbytes=pool.fp16_nbytes,
         model_dtype_nbytes=pool.model_dtype_nbytes,
+        composition=None if pool.composition is None else dict(pool.composition),
         tensors={name: _TensorSpec(dtype=dtype_name(t.dtype), shape=tuple(t.shape)) for name, t in tensors.items()},
         layers=layers,
     ).model_dump(mode="json")
@@ -274,4 +277,5 @@ def _rebuild(header: _PoolFileHeader, tensors: dict[str, torch.Tensor]) -> Share
         prefix_messages=header.prefix_messages,
         fp16_nbytes=header.fp16_nbytes,
         model_dtype_nbytes=header.model_dtype_nbytes,
+        composition=header.composition,
     )

@@ -15,12 +15,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 import torch
+from pydantic import BaseModel
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
@@ -51,16 +52,25 @@ class EncodedLayer:
 
 
 def pool_digest(
-    fingerprint: ModelFingerprint, config: CompressionConfig, token_ids: torch.Tensor, *, chat_prefix: bool
+    fingerprint: ModelFingerprint,
+    config: CompressionConfig,
+    token_ids: torch.Tensor,
+    *,
+    chat_prefix: bool,
+    composition: Mapping[str, Any] | None = None,
 ) -> str:
     """Content address of a pool: model fingerprint, config, prefix kind and token ids determine it,
     so it can be computed before (and instead of) a prefill. The model's dtype is left out: a pool holds
-    codes, which models of any dtype read (one pool, one digest, for fp32 and bf16 readers)."""
+    codes, which models of any dtype read (one pool, one digest, for fp32 and bf16 readers). A composed pool
+    (``composition``, see :mod:`polykv_agents.pool.compose`) holds approximate keys and values, so its digest
+    differs from that of a pool prefilled from the same tokens."""
     header = {
         "fingerprint": fingerprint.model_dump(exclude=set(DTYPE_FREE_FIELDS)),
         "config": config.model_dump(),
         "chat_prefix": chat_prefix,
     }
+    if composition is not None:
+        header["composition"] = dict(composition)
     h = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
     h.update(token_ids.detach().to("cpu", torch.int64).contiguous().numpy().tobytes())
     return h.hexdigest()
@@ -90,6 +100,7 @@ class SharedKVPool:
         prefix_messages: Sequence[Message] | None,
         fp16_nbytes: int,
         model_dtype_nbytes: int,
+        composition: Mapping[str, Any] | None = None,
     ) -> None:
         object.__setattr__(self, "_layers", tuple(layers))
         object.__setattr__(self, "_token_ids", token_ids.detach().to("cpu", torch.int64).clone())  # [T]
@@ -102,6 +113,9 @@ class SharedKVPool:
         )
         object.__setattr__(self, "fp16_nbytes", int(fp16_nbytes))
         object.__setattr__(self, "model_dtype_nbytes", int(model_dtype_nbytes))
+        object.__setattr__(self, "composition", None if composition is None else MappingProxyType(dict(composition)))
+        """How this pool was composed from others' keys and values (:mod:`polykv_agents.pool.compose`); ``None``
+        for a pool prefilled from its tokens, whose keys and values are exact before compression."""
         object.__setattr__(self, "digest", self._compute_digest())
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -184,9 +198,11 @@ class SharedKVPool:
         *,
         config: CompressionConfig | None = None,
         prefix_messages: Sequence[Message] | None = None,
+        composition: BaseModel | None = None,
     ) -> SharedKVPool:
         """Compress a full-precision ``cache`` of ``token_ids [T]`` into a pool. The cache is only
-        read, so a caller can keep using it (the perplexity evaluation does)."""
+        read, so a caller can keep using it (the perplexity evaluation does). ``composition``: how the cache
+        was composed from other pools (:class:`~polykv_agents.pool.compose.Composition`), if it was."""
         config = compression_config(config)
         key_codec = config.keys.build(seed=config.seed)
         value_codec = config.values.build(seed=config.seed + 1)  # independent rotation signs
@@ -214,6 +230,7 @@ class SharedKVPool:
             prefix_messages=prefix_messages,
             fp16_nbytes=fp16_nbytes,
             model_dtype_nbytes=model_dtype_nbytes,
+            composition=None if composition is None else composition.model_dump(mode="json"),
         )
         logger.info("built %r", pool)
         return pool
@@ -252,7 +269,13 @@ class SharedKVPool:
         return MemoryReport.for_pool(self, n_agents)
 
     def _compute_digest(self) -> str:
-        return pool_digest(self.fingerprint, self.config, self._token_ids, chat_prefix=self.prefix_messages is not None)
+        return pool_digest(
+            self.fingerprint,
+            self.config,
+            self._token_ids,
+            chat_prefix=self.prefix_messages is not None,
+            composition=self.composition,
+        )
 
     def tensor_checksum(self) -> str:
         """SHA-256 over every stored tensor's bytes (proves the pool was never written)."""

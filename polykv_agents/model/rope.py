@@ -1,0 +1,64 @@
+"""Moving cached keys to other positions: rotary position embeddings (RoPE) compose, ``R(p + d) = R(d) R(p)``.
+
+A key cached at position ``p`` is ``R(p) k``. Rotating it by ``R(d)`` gives exactly the key the same token's
+``k`` would have at ``p + d``; values carry no position at all. So keys and values computed in one context can be
+read at other positions (a second document after a first) without running the model again. What moving cannot
+change is what the tokens attended to when they were computed: that is the approximation, and what recomputing
+some of them repairs (:mod:`polykv_agents.pool.compose`).
+
+Only rotations whose frequencies do not depend on the sequence length compose this way. Models with absolute
+position embeddings (GPT-2) or length-dependent RoPE variants (dynamic NTK, LongRoPE) are refused with the
+reason.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+MOVABLE_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
+"""RoPE variants whose per-position rotation is fixed, so that rotations by ``p`` and ``d`` compose to ``p + d``."""
+
+
+def rotary_embedding(model: PreTrainedModel) -> torch.nn.Module:
+    """The model's rotary embedding module (``cos, sin = module(x, position_ids)``).
+
+    Raises:
+        ValueError: The model has no rotary embedding, or one whose rotations do not compose.
+    """
+    modules = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+    if not modules:
+        msg = (
+            f"{type(model).__name__} has no rotary position embedding, so cached keys cannot be moved to other "
+            "positions (its positions are added to the hidden states); prefill the documents as one instead"
+        )
+        raise ValueError(msg)
+    module = modules[0]
+    rope_type = getattr(module, "rope_type", "default")
+    if rope_type not in MOVABLE_ROPE_TYPES:
+        msg = (
+            f"{type(model).__name__} uses RoPE type {rope_type!r}, whose rotation depends on the sequence length, "
+            f"so keys moved to other positions would be wrong; movable types: {sorted(MOVABLE_ROPE_TYPES)}"
+        )
+        raise ValueError(msg)
+    return module
+
+
+@torch.inference_mode()
+def move_keys(model: PreTrainedModel, keys: torch.Tensor, shift: int) -> torch.Tensor:
+    """``keys [B, kv_heads, n, head_dim]`` cached at positions ``p``, as they would be at ``p + shift``.
+
+    The rotated part is the first ``rotary_dim`` channels of each head (all of them but for partial RoPE, as in
+    Phi-3's ``partial_rotary_factor``), in the ``rotate_half`` layout transformers uses for every model it ships.
+    """
+    module = rotary_embedding(model)
+    position = torch.full((1, 1), shift, device=keys.device)
+    cos, sin = module(keys.float(), position)  # [1, 1, rotary_dim], scaled by attention_scaling (YaRN)
+    scaling = float(getattr(module, "attention_scaling", 1.0))
+    cos, sin = cos[0] / scaling, sin[0] / scaling  # [1, rotary_dim]: R(shift), no extra scaling
+    rotary_dim = cos.shape[-1]
+    rotated, passed = keys[..., :rotary_dim].float(), keys[..., rotary_dim:]
+    half = rotary_dim // 2
+    rotate_half = torch.cat([-rotated[..., half:], rotated[..., :half]], dim=-1)
+    moved = rotated * cos + rotate_half * sin
+    return torch.cat([moved.to(keys.dtype), passed], dim=-1)
