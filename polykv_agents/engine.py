@@ -6,7 +6,8 @@ An engine holds
 - ``schedulers``: the live batch schedulers, one per (model, pool, residency)
   (:class:`~polykv_agents.runtime.scheduler_table.SchedulerTable`), and what finished calls over each pool
   ran through the model, for later calls to reuse (``schedulers.prefixes``, a
-  :class:`~polykv_agents.runtime.prefix_tree.PrefixTrees` under its own byte budget),
+  :class:`~polykv_agents.runtime.prefix_tree.PrefixTrees` under its own byte budget, and ``schedulers.blocks``
+  for calls that read it at other positions, off unless given a budget),
 and turns a runtime name into a :class:`~polykv_agents.runtime.backend.Backend`.
 
 ``ChatPolyKV``, ``PrefetchDocument``, ``PooledAgent`` and the graphs take an engine, or use the
@@ -61,6 +62,9 @@ class Engine:
         max_prefix_bytes: Byte budget of the keys and values that finished calls leave for later calls over the
             same pool to reuse (a ReAct step, a follow-up turn, a prompt that extends another's); least recently
             used first out beyond it. ``0`` turns reuse off: every call prefills all of its own tokens.
+        max_block_bytes: Byte budget of the text finished calls leave for calls with ``reuse="blocks"``, which read
+            it at other positions (:mod:`~polykv_agents.runtime.block_store`); ``0`` (the default): none kept, and
+            such calls are refused. An opt-in: moved keys and values are an approximation.
     """
 
     def __init__(
@@ -70,11 +74,15 @@ class Engine:
         scheduler_idle_seconds: float | None = SCHEDULER_IDLE_SECONDS,
         compile_decode: bool | str | Callable = False,
         max_prefix_bytes: int = DEFAULT_PREFIX_BYTES,
+        max_block_bytes: int = 0,
     ) -> None:
         self.models = ModelCache()
         self.pools = PoolRegistry(max_bytes=max_pool_bytes)
         self.schedulers = SchedulerTable(
-            idle_seconds=scheduler_idle_seconds, compile_decode=compile_decode, max_prefix_bytes=max_prefix_bytes
+            idle_seconds=scheduler_idle_seconds,
+            compile_decode=compile_decode,
+            max_prefix_bytes=max_prefix_bytes,
+            max_block_bytes=max_block_bytes,
         )
         self._backends: dict[str, Backend] = {
             "decompressed": BatchedBackend(self.schedulers, "decompressed"),

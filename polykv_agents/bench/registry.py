@@ -13,6 +13,7 @@ from polykv_agents.bench import (
     ablation,
     admission,
     agents,
+    blocks,
     compiled,
     dtypes,
     grammar_overhead,
@@ -31,7 +32,7 @@ from polykv_agents.bench import (
 from polykv_agents.bench.suite import Suite
 
 _MODULES = (
-    memory, quality, speed, dtypes, weights, compiled, step_profile, admission, reuse, ablation, peer, agents,
+    memory, quality, speed, dtypes, weights, compiled, step_profile, admission, reuse, blocks, ablation, peer, agents,
     graph_e2e, peers, load_soak, grammar_overhead, ray_scale_out,
 )  # fmt: skip
 SUITES: dict[str, Suite] = {module.SUITE.name: module.SUITE for module in _MODULES}

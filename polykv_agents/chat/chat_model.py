@@ -19,7 +19,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams
@@ -58,7 +58,7 @@ from polykv_agents.runtime.backend import Runtime
 from polykv_agents.runtime.generate import generate_text
 from polykv_agents.runtime.request import DecodeRequest
 from polykv_agents.sampling.logprobs import MAX_TOP_LOGPROBS
-from polykv_agents.sampling.settings import GenerationSettings, GenerationStats
+from polykv_agents.sampling.settings import DEFAULT_BLOCK_RECOMPUTE, GenerationSettings, GenerationStats
 
 
 @dataclass(frozen=True)
@@ -174,6 +174,9 @@ class ChatPolyKV(BaseChatModel):
         close_grammar: bool
             Complete structured output or a forced tool call before ``max_tokens`` runs out (default), so it parses;
             flagged ``response_metadata["grammar_closed"]`` with ``finish_reason="length"``.
+        reuse: "exact" | "blocks"
+            ``blocks`` also reads text earlier calls ran through the model at other positions (an opt-in
+            approximation; needs ``Engine(max_block_bytes=...)``), recomputing ``block_recompute`` of each block.
 
     Key init args — client params:
         pool: PoolHandle | None
@@ -306,6 +309,17 @@ class ChatPolyKV(BaseChatModel):
     """Under structured output or a forced tool call, complete the JSON before ``max_tokens`` runs out (the answer
     then parses, with ``finish_reason="length"`` and ``response_metadata["grammar_closed"]``); ``False``: let
     ``max_tokens`` cut it (a parsing error, or :class:`ToolCallCutError`)."""
+
+    reuse: Literal["exact", "blocks"] = "exact"
+    """``exact`` (default): read the longest start of each call's prompt that an earlier call over the pool ran
+    through the model (exact). ``blocks``: also read text earlier calls ran through the model *anywhere* in the
+    prompt (the specialists' findings in a critic's prompt), moved to its new position with ``block_recompute`` of
+    it recomputed: faster, and an approximation (:mod:`polykv_agents.runtime.block_store`; the measured cost is in
+    the docs). Needs an engine that keeps blocks, ``Engine(max_block_bytes=...)``."""
+
+    block_recompute: float = Field(default=DEFAULT_BLOCK_RECOMPUTE, ge=0.0, le=1.0)
+    """Under ``reuse="blocks"``, the fraction of each moved block recomputed in the call's context (its first
+    tokens)."""
 
     logprobs: bool | None = None
     """Report each answer token's log-probability in ``response_metadata["logprobs"]`` (ChatOpenAI's form)."""
@@ -478,6 +492,8 @@ class ChatPolyKV(BaseChatModel):
             repetition_penalty=_or_default(kwargs.get("repetition_penalty", self.repetition_penalty), 1.0),
             seed=kwargs.get("seed", self.seed),
             close_grammar=kwargs.get("close_grammar", self.close_grammar),
+            reuse=kwargs.get("reuse", self.reuse),
+            block_recompute=kwargs.get("block_recompute", self.block_recompute),
             logprobs=logprobs_setting(
                 kwargs.get("logprobs", self.logprobs), kwargs.get("top_logprobs", self.top_logprobs)
             ),
@@ -651,6 +667,7 @@ class ChatPolyKV(BaseChatModel):
             "pool_digest": pool.digest if pool is not None else None,
             "pool_source": pool_source,
             "reused_tokens": stats.reused_tokens,  # of cache_read, those from earlier calls (the prefix tree)
+            "block_tokens": stats.block_tokens,  # of reused_tokens, those moved from other positions (reuse="blocks")
             **stats.seconds(),
         }
         message = AIMessageChunk(content="", usage_metadata=usage, response_metadata=metadata, chunk_position="last")

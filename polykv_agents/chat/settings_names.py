@@ -32,7 +32,7 @@ POINTERS: Mapping[str, str] = {
 CALL_KWARGS = frozenset(
     {
         "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "ignore_eos", "model",
-        "logprobs", "top_logprobs", "close_grammar",
+        "logprobs", "top_logprobs", "close_grammar", "reuse", "block_recompute",
         "tools", "tool_choice", "parallel_tool_calls", "response_format",
     }
 )  # fmt: skip

@@ -35,6 +35,9 @@ def _forward_last(model: PreTrainedModel, ids: torch.Tensor, cache: Cache, start
 def private_tokens(request: DecodeRequest, budget: int) -> Iterator[int]:
     """Token ids of ``request`` decoded over a cache of its own (EOS excluded); sets its finish reason."""
     model, tokenizer, settings, stats = request.model, request.tokenizer, request.settings, request.stats
+    if settings.reuse == "blocks":
+        msg = "reuse='blocks' is served by the batched runtime only; call with reuse='exact', or another runtime"
+        raise ValueError(msg)
     with torch.inference_mode():
         cache = request.pool.to_cache(model) if request.pool is not None else new_dynamic_cache(model)
     eos_ids = eos_token_ids(model, tokenizer)

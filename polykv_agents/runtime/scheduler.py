@@ -36,9 +36,13 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from polykv_agents.model.architecture import document_token_limit
 from polykv_agents.model.compat import cache_keyword
 from polykv_agents.model.compute_thread import run_on_compute_thread
+from polykv_agents.model.rope import rotary_embedding
 from polykv_agents.pool.shared_pool import SharedKVPool
+from polykv_agents.runtime.block_reuse import ComposedStart, compose_start
+from polykv_agents.runtime.block_store import BlockStore
 from polykv_agents.runtime.cascade_attention import CascadeContext, enable_cascade_attention
 from polykv_agents.runtime.compiled_decode import BATCH_BUCKETS, CompiledDecoder
 from polykv_agents.runtime.packed_step import PackedCascade, PackedGroup
@@ -86,6 +90,7 @@ class _Request:
     last_token: int = -1
     history: set[int] | None = None  # what a repetition penalty looks at (None: no penalty)
     tokens: list[int] = field(default_factory=list)  # its prompt, then what it generated: the prefix tree's key
+    exact_length: int | None = None  # its row is exact for this many tokens only (blocks moved in after); None: all
 
     def finish(self, reason: str) -> None:
         self.stats.finish_reason = reason  # type: ignore[assignment]
@@ -156,6 +161,7 @@ class BatchScheduler:
         compile_decode: bool | str | Callable = False,
         prefixes: PrefixTrees | None = None,
         pack_admissions: bool = True,
+        blocks: BlockStore | None = None,
     ) -> None:
         if admission_chunk_tokens is not None and admission_chunk_tokens < 1:
             msg = f"admission_chunk_tokens must be at least 1 or None, got {admission_chunk_tokens}"
@@ -166,6 +172,7 @@ class BatchScheduler:
         self.prefix = run_on_compute_thread(SharedPrefix, pool, model, residency)
         self.max_batch_size = max_batch_size
         self.prefixes = prefixes
+        self.blocks = blocks
         self.admission_chunk_tokens = admission_chunk_tokens
         self.pack_admissions = pack_admissions
         self._admission: _Admission | None = None
@@ -197,6 +204,14 @@ class BatchScheduler:
         built by the caller, outside any lock: compiling a grammar can take a while.
         """
         settings = request.settings
+        if settings.reuse == "blocks":
+            if self.blocks is None:
+                msg = (
+                    "reuse='blocks' reads text that earlier calls left, and this engine keeps none; make the engine "
+                    "with a budget for it, Engine(max_block_bytes=64 * 1024**2), or call with reuse='exact'"
+                )
+                raise ValueError(msg)
+            rotary_embedding(self.model)  # a model whose keys cannot move is refused here, before any work
         row = _Request(request.prompt_ids, settings, budget, request.stats, settings.make_generator(), constraint)
         row.history = repetition_history(settings, request.prompt_ids)
         row.tokens = request.prompt_ids.tolist()
@@ -456,7 +471,7 @@ class BatchScheduler:
                 admitted.append(request)
         if not admitted:
             return None
-        matches = [self._stored_start(request) for request in admitted]
+        matches = [self._composed_start(request, self._stored_start(request)) for request in admitted]
         # Every row's last prompt token must land in the last column. The width is the longest part still to
         # prefill; a row with less to prefill reads fewer stored tokens and prefills more of its own instead of
         # padding: the same columns are computed either way.
@@ -473,6 +488,11 @@ class BatchScheduler:
                 rows.load_row(row, [match.layer(i, stored) for i in range(self._num_layers)])
             request.stats.reused_tokens = stored
             request.stats.evicted_tokens = min(match.evicted_tokens, n - 1 - stored)
+            if isinstance(match, ComposedStart):  # part of its start was computed in composing: not reused
+                request.stats.reused_tokens = match.reused_before(stored)
+                request.stats.block_tokens = match.moved_before(stored)
+                # Never stored as exact past its first moved block, even all recomputed: the tree holds prefills only.
+                request.exact_length = match.exact_length if match.exact_length < stored else None
         return _Admission(admitted, ids, rows)
 
     def _stored_start(self, request: _Request) -> PrefixMatch:
@@ -482,16 +502,43 @@ class BatchScheduler:
             return PrefixMatch()
         return self.prefixes.match(self.model, self.prefix.pool.digest, request.tokens, request.prompt_ids.numel() - 1)
 
+    def _composed_start(self, request: _Request, match: PrefixMatch) -> PrefixMatch | ComposedStart:
+        """``match``, extended by blocks moved from earlier calls (``reuse="blocks"``) when its prompt holds any
+        after it (:mod:`.block_reuse`); ``match`` as it is otherwise."""
+        if self.blocks is None or request.settings.reuse != "blocks":
+            return match
+        last = request.prompt_ids.numel() - 1  # the last prompt token runs through the model: never moved
+        limit = document_token_limit(self.model)
+        if limit is not None:  # a sliding window must hold the composed start whole (the pool is held whole)
+            last = min(last, limit - self.prefix.num_tokens)
+        digest = self.prefix.pool.digest
+        occurrences = self.blocks.find(self.model, digest, request.tokens, match.length, last)
+        if not occurrences:
+            return match
+        tokens = request.tokens[: occurrences[-1].start + occurrences[-1].length]
+        try:
+            return compose_start(self.model, self.prefix, match, tokens, occurrences, request.settings.block_recompute)
+        except Exception:  # composing is an optimisation: the call prefills instead, which is never wrong
+            logger.exception("composing moved blocks failed; the call prefills its prompt instead")
+            return match
+
     def _remember(self, request: _Request, cache: SuffixCache, row: int) -> None:
         """Store what row ``row`` of ``cache`` ran through the model (``request``'s prompt and the tokens it
-        generated, but for the last one, which no forward has read yet) for later calls to reuse."""
-        if self.prefixes is None:
+        generated, but for the last one, which no forward has read yet) for later calls to reuse: in the prefix
+        tree and as a block, its exact part only (never keys and values composed from moved blocks)."""
+        if self.prefixes is None and self.blocks is None:
             return
         start, end = int(cache.starts[row]), int(cache.lengths[row])
+        if request.exact_length is not None:
+            end = min(end, start + request.exact_length)
         if end <= start or not cache.layers[0].is_initialized:
             return
         layers = [(layer.keys[row, :, start:end], layer.values[row, :, start:end]) for layer in cache.layers]
-        self.prefixes.insert(self.model, self.prefix.pool.digest, request.tokens[: end - start], layers)
+        tokens = request.tokens[: end - start]
+        if self.prefixes is not None:
+            self.prefixes.insert(self.model, self.prefix.pool.digest, tokens, layers)
+        if self.blocks is not None:
+            self.blocks.add(self.model, self.prefix.pool.digest, tokens, layers)
 
     def _drop_finished(self) -> None:
         keep = [i for i, r in enumerate(self._rows) if r.stats.finish_reason is None and not r.cancelled.is_set()]

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.pool.shared_pool import SharedKVPool
+from polykv_agents.runtime.block_store import BlockStore
 from polykv_agents.runtime.prefix_tree import PrefixTrees
 from polykv_agents.runtime.request import DecodeRequest
 from polykv_agents.runtime.scheduler import SCHEDULER_IDLE_SECONDS, BatchScheduler
@@ -43,6 +44,8 @@ class SchedulerTable:
         compile_decode: Whether its schedulers compile their decode steps.
         max_prefix_bytes: Budget of the reusable prefixes that finished calls leave (:attr:`prefixes`); ``0``: no
             reuse. They outlive a retired scheduler: a follow-up turn an hour later still finds its conversation.
+        max_block_bytes: Budget of the blocks finished calls leave for ``reuse="blocks"`` calls (:attr:`blocks`);
+            ``0`` (the default): none kept, and such calls are refused.
     """
 
     def __init__(
@@ -51,11 +54,14 @@ class SchedulerTable:
         *,
         compile_decode: bool | str | Callable = False,
         max_prefix_bytes: int = DEFAULT_PREFIX_BYTES,
+        max_block_bytes: int = 0,
     ) -> None:
         self.idle_seconds = idle_seconds
         self.compile_decode = compile_decode
         self.prefixes = PrefixTrees(max_prefix_bytes)
         """What finished calls ran through the model, per (model, pool), for later calls to reuse."""
+        self.blocks = BlockStore(max_block_bytes)
+        """The same, for calls that read it at other positions (``reuse="blocks"``)."""
         self._lock = threading.Lock()
         # model -> {(pool digest, residency): scheduler}; a model that is gone takes its schedulers with it.
         self._schedulers: weakref.WeakKeyDictionary[PreTrainedModel, dict[tuple[str, str], BatchScheduler]] = (
@@ -120,6 +126,7 @@ class SchedulerTable:
                 idle_seconds=self.idle_seconds,
                 compile_decode=self.compile_decode,
                 prefixes=self.prefixes if self.prefixes.max_bytes > 0 else None,
+                blocks=self.blocks if self.blocks.max_bytes > 0 else None,
             )
         return per_model[key]
 

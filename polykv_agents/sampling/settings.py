@@ -20,6 +20,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from polykv_agents.sampling.grammar import TokenConstraint
 from polykv_agents.sampling.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprob
 
+DEFAULT_BLOCK_RECOMPUTE = 0.15
+"""Fraction of each moved block recomputed under ``reuse="blocks"`` by default (CacheBlend's 15%)."""
+
 
 class GenerationSettings(BaseModel):
     """How one agent call decodes."""
@@ -57,6 +60,15 @@ class GenerationSettings(BaseModel):
     """An llguidance grammar every token must follow (:func:`polykv_agents.sampling.grammar.json_schema_grammar`).
     The answer then ends when the grammar is complete, and stop sequences are not applied: one that
     occurs inside a JSON string must not cut the JSON."""
+    reuse: Literal["exact", "blocks"] = "exact"
+    """What this call reads from earlier calls over its pool besides the pool: ``exact``, the longest start of its
+    prompt that an earlier call ran through the model (the same tokens at the same positions: exact);
+    ``blocks``, also text that earlier calls ran through the model anywhere in its prompt (the specialists'
+    findings in a critic's prompt), moved to where it now sits and partly recomputed
+    (:mod:`polykv_agents.runtime.block_store`). That is an approximation: see the docs for what it costs."""
+    block_recompute: float = Field(default=DEFAULT_BLOCK_RECOMPUTE, ge=0.0, le=1.0)
+    """Under ``reuse="blocks"``: the fraction of each moved block (its first tokens) recomputed in this call's
+    context; ``1.0`` recomputes them all (a full prefill in pieces)."""
     structured_opening: str | None = None
     """For a grammar that also admits a plain-text answer (tools with ``tool_choice="auto"``): the text that
     opens its structured answer instead (``<tool_call>``). Stop sequences then apply to a plain-text answer,
@@ -166,6 +178,9 @@ class GenerationStats:
     reused_tokens: int = 0
     """Of ``prompt_tokens``, how many were read from an earlier call's keys and values over the same pool
     (:mod:`polykv_agents.runtime.prefix_tree`) instead of being prefilled."""
+    block_tokens: int = 0
+    """Of ``reused_tokens``, how many were moved from text earlier calls ran through the model at other positions
+    (``reuse="blocks"``), rather than read at the same positions (exact)."""
     evicted_tokens: int = 0
     """Of ``prompt_tokens``, how many were stored for reuse once but had been evicted, so were prefilled again."""
     output_tokens: int = 0

@@ -9,7 +9,7 @@ import pytest
 from langchain_core.messages import AIMessageChunk, FunctionMessage, HumanMessage, SystemMessage
 from usage import pool_read
 
-from polykv_agents import SharedKVPool, default_engine, load_model
+from polykv_agents import Engine, SharedKVPool, default_engine, load_model
 from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.model import loading as models_module
 from polykv_agents.pool.handle import PoolHandle
@@ -127,3 +127,24 @@ async def test_abatch_answers_each_input(chat, pool):
     results = await chat.with_pool(pool).abatch([[HumanMessage("One?")], [HumanMessage("Two?")]])
     assert len(results) == 2
     assert all(pool_read(r) == pool.num_tokens for r in results)
+
+
+def test_a_critic_with_reuse_blocks_reads_the_quoted_finding_and_says_so(tiny_model_dir, pool):
+    """reuse='blocks' through LangChain: the finding an earlier call wrote is read at its new position, counted in
+    cache_read and in response_metadata['block_tokens']; the same call with reuse='exact' reads none of it."""
+    engine = Engine(max_block_bytes=10**9)
+    chat = ChatPolyKV(model=tiny_model_dir, max_tokens=12, engine=engine).with_pool(pool)
+    finding = "Values use a rotated three-bit codebook, and keys use eight bits each. " * 2
+    chat.invoke([HumanMessage("Write your finding: " + finding)])
+    critic = [SystemMessage("You are the critic."), HumanMessage(f"The findings:\n1. {finding}\nWhich is weakest?")]
+    blocks = chat.invoke(critic, reuse="blocks", block_recompute=0.0)
+    exact = chat.invoke(critic)  # what the blocks call composed was never stored as exact: prefilled again
+    assert exact.response_metadata["block_tokens"] == 0
+    assert exact.response_metadata["reused_tokens"] < blocks.response_metadata["reused_tokens"]
+    assert blocks.response_metadata["block_tokens"] >= 16
+    cache_read = blocks.usage_metadata["input_token_details"]["cache_read"]
+    assert cache_read == pool.num_tokens + blocks.response_metadata["reused_tokens"]
+    assert blocks.response_metadata["reused_tokens"] >= blocks.response_metadata["block_tokens"]
+    with pytest.raises(ValueError, match="block_recompute"):
+        chat.invoke(critic, reuse="blocks", block_recompute=2.0)
+    engine.close()

@@ -221,3 +221,30 @@ def test_compile_suite_measures_eager_and_compiled_steps_and_the_compile_cost(ti
         CompileOptions(weights=["int9"])
     with pytest.raises(ValueError, match="backend must be one of"):
         CompileOptions(backend="gcc")
+
+
+def test_blocks_suite_moves_findings_into_the_critic_and_judges_against_a_full_prefill(
+    long_context_model_dir, tmp_path
+):
+    from polykv_agents.bench.blocks import SUITE, BlocksOptions, judged_role
+
+    options = BlocksOptions(
+        model=long_context_model_dir, context_tokens=64, roles=2, finding_tokens=60, critic_tokens=4,
+        fractions=[0.0, 1.0], documents=1,
+    )  # fmt: skip
+    result = SUITE.run(options, [].append)
+    settings = {row["setting"]: row for row in result.settings}
+    assert list(settings) == ["prefill", "blocks 0", "blocks 1", "exact"]
+    assert {row["prompt_tokens"] for row in settings.values()} == {settings["prefill"]["prompt_tokens"]}  # equal work
+    # The findings were moved, not prefilled (the tiny model's answers end in long runs of one token, which survive
+    # being decoded and tokenized again inside the critic's prompt).
+    assert settings["blocks 0"]["block_tokens"] >= 16
+    assert settings["blocks 0"]["cache_read"] > settings["exact"]["cache_read"] > settings["prefill"]["cache_read"]
+    # Everything recomputed, or nothing moved: the critic decodes what a full prefill decodes.
+    for exact in ("blocks 1", "exact"):
+        assert settings[exact]["agreeing_tokens"] == settings["prefill"]["agreeing_tokens"]
+        assert settings[exact]["same_judge"] == 1.0
+    assert judged_role("The Finance finding is weak, not legal.", ["legal", "finance"]) == "finance"
+    assert judged_role("None of them.", ["legal"]) is None
+    assert "named the same weakest finding" in SUITE.rendered(result).blocks["blocks"]
+    assert [p.name for p in SUITE.write(result, tmp_path)] == ["blocks.json", "blocks.md"]
