@@ -4,8 +4,8 @@
 Per document (pydoc_data.topics, the independent samples), over one pool of it:
 
 1. ``roles`` specialists answer as the review graph asks them (``graphs/document_review.py``: their system
-   prompts, the same plan focus for every role), ``finding_tokens`` tokens each (EOS ignored), on an engine that
-   keeps blocks. Their calls leave their tokens in it.
+   prompts, the same plan focus for every role), at most ``finding_tokens`` tokens each, on an engine that keeps
+   blocks. Their calls leave their tokens in it.
 2. The critic's messages are built from those findings exactly as the graph builds them, and sent:
    - **prefill**: on an engine without any reuse (``max_prefix_bytes=0``): every token of its own prefilled.
      This is the reference: a full prefill of the same prompt;
@@ -14,8 +14,8 @@ Per document (pydoc_data.topics, the independent samples), over one pool of it:
    - **blocks r**: on the blocks engine with ``reuse="blocks"``, the first fraction ``r`` of each moved block
      recomputed.
    A blocks call first, at ``r = 1`` and not reported, stores the critic's exact start (its system prompt), so
-   every reported setting on that engine reads the same exact start; **exact** runs last, since it stores the
-   whole prompt.
+   every reported setting on that engine reads the same exact start (a blocks call never stores past it);
+   **exact** runs last, since it stores the whole prompt.
 
 Per setting: the critic's time to first token (queue and prefill, composing included), its answer's greedy
 tokens agreeing with the reference's, and **judge consistency**: whether the first role the critic names
@@ -45,7 +45,7 @@ class BlocksOptions(SuiteOptions):
     roles: int = Field(default=15, ge=2, le=15)
     """Specialists whose findings the critic reads."""
     finding_tokens: int = Field(default=48, ge=16)
-    """Tokens of every finding (EOS ignored)."""
+    """Most tokens of every finding (each ends where the model ends it)."""
     critic_tokens: int = Field(default=32, ge=1)
     """Tokens of the critic's answer (EOS ignored)."""
     fractions: list[float] = Field(default=[0.0, 0.15, 0.5, 1.0], min_length=1)
@@ -116,11 +116,14 @@ def _document_calls(document: str, model, tokenizer, workflow, roles, options: B
     blocks, plain = _engine(max_block_bytes=BLOCK_BUDGET_BYTES), _engine(max_prefix_bytes=0)
     name = options.model or DEFAULT_MODEL
 
-    def chat(engine, tokens: int):
-        return ChatPolyKV(model=name, max_tokens=tokens, ignore_eos=True, engine=engine).with_pool(pool)
+    def chat(engine, tokens: int, ignore_eos: bool = True):
+        return ChatPolyKV(model=name, max_tokens=tokens, ignore_eos=ignore_eos, engine=engine).with_pool(pool)
 
     focus = equal_plan(roles)
-    answers = chat(blocks, options.finding_tokens).batch([workflow.specialist_messages(r, focus[r]) for r in roles])
+    # Findings end where the model ends them, as in the graph: decoding past the end of the turn would write
+    # template markup that the critic's prompt, which holds the findings' text, does not repeat.
+    specialists = chat(blocks, options.finding_tokens, ignore_eos=False)
+    answers = specialists.batch([workflow.specialist_messages(r, focus[r]) for r in roles])
     findings = [{"role": role, "text": answer.text} for role, answer in zip(roles, answers, strict=True)]
     critic = workflow.critic_messages(findings, roles)
     chat(plain, 1).invoke([HumanMessage("Ready?")])  # the plain engine's scheduler starts outside the measurement
@@ -215,10 +218,11 @@ def render_markdown(result: BlocksResult) -> str:
     conditions = (
         f"Machine: {info.machine}, {info.cpu}, {info.torch_threads} torch threads, torch {info.torch}. "
         f"Model: {info.model} ({info.dtype}). Pool: {result.context_tokens:,} tokens of a pydoc_data.topics "
-        f"document; {result.roles} specialists' findings of {result.finding_tokens} tokens each; the critic answers "
-        f"{result.critic_tokens} tokens (EOS ignored). {result.documents} documents (the independent samples) after "
-        f"1 warm-up document; ranges are the lowest and highest document. The verdict is the first role the critic "
-        f"names; after a full prefill it named one in {named:.0%} of documents. Intervals: Wilson, 95%. {info.date}."
+        f"document; {result.roles} specialists' findings of at most {result.finding_tokens} tokens each; the critic "
+        f"answers {result.critic_tokens} tokens (EOS ignored). {result.documents} documents (the independent samples) "
+        "after 1 warm-up document; ranges are the lowest and highest document. The verdict is the first role the "
+        f"critic names; after a full prefill it named one in {named:.0%} of documents. Intervals: Wilson, 95%. "
+        f"{info.date}."
     )
     return f'# The critic reading moved findings (reuse="blocks")\n\n{conditions}\n\n{table}\n'
 
@@ -226,13 +230,16 @@ def render_markdown(result: BlocksResult) -> str:
 def readme_summary(result: BlocksResult) -> str:
     rows = {row["setting"]: row for row in result.settings}
     default = rows.get("blocks 0.15") or next(r for r in result.settings if r["setting"].startswith("blocks"))
+    exact = rows["exact"]
     return (
-        f'With `reuse="blocks"` ({default["setting"].split()[1]} of each finding recomputed), the critic of a '
-        f"{result.roles}-specialist review over a {result.context_tokens:,}-token pool got its first token "
-        f"{default['speedup']:.1f}x sooner than prefilling its prompt, and named the same weakest finding in "
-        f"{default['same_judge']:.0%} of {result.documents} documents (95% CI {default['same_judge_low']:.0%}-"
-        f"{default['same_judge_high']:.0%}); with the exact prefix tree alone it was {rows['exact']['speedup']:.1f}x "
-        "sooner, verdict unchanged by construction (`polykv-agents bench blocks`; "
+        f'With `reuse="blocks"` ({default["setting"].split()[1]} of each block recomputed), the critic of a '
+        f"{result.roles}-specialist review over a {result.context_tokens:,}-token pool read "
+        f"{default['block_tokens']:,.0f} of its {default['prompt_tokens'] - result.context_tokens:,.0f} own tokens "
+        f"moved from the specialists' calls and got its first token {default['speedup']:.1f}x as fast as a full "
+        f"prefill of its prompt; it named the same weakest finding in {default['same_judge']:.0%} of "
+        f"{result.documents} documents (95% CI {default['same_judge_low']:.0%}-{default['same_judge_high']:.0%}). "
+        f"With exact reuse only: {exact['speedup']:.1f}x, and the same verdict in {exact['same_judge']:.0%} "
+        "(bf16 rounding differs between the two engines' batches) (`polykv-agents bench blocks`; "
         "[table](../benchmarks/results/blocks.md))."
     )
 
