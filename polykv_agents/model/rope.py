@@ -13,8 +13,13 @@ reason.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers import PreTrainedModel
+
+_ROTARY: weakref.WeakKeyDictionary[PreTrainedModel, torch.nn.Module] = weakref.WeakKeyDictionary()
+"""Each model's rotary module, found once: keys are moved per layer and per block."""
 
 MOVABLE_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
 """RoPE variants whose per-position rotation is fixed, so that rotations by ``p`` and ``d`` compose to ``p + d``."""
@@ -26,6 +31,8 @@ def rotary_embedding(model: PreTrainedModel) -> torch.nn.Module:
     Raises:
         ValueError: The model has no rotary embedding, or one whose rotations do not compose.
     """
+    if model in _ROTARY:
+        return _ROTARY[model]
     modules = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
     if not modules:
         msg = (
@@ -41,6 +48,7 @@ def rotary_embedding(model: PreTrainedModel) -> torch.nn.Module:
             f"so keys moved to other positions would be wrong; movable types: {sorted(MOVABLE_ROPE_TYPES)}"
         )
         raise ValueError(msg)
+    _ROTARY[model] = module
     return module
 
 

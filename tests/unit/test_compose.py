@@ -8,11 +8,11 @@ import functools
 import pytest
 import torch
 from tiny_models import FAMILIES, tiny_causal_lm, tiny_llama
-from transformers import DynamicCache
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from polykv_agents import CompressionConfig, GenerationSettings, PooledAgent, SharedKVPool
 from polykv_agents.model.compat import layer_key_values
-from polykv_agents.model.rope import move_keys
+from polykv_agents.model.rope import move_keys, rotary_embedding
 from polykv_agents.pool.compose import compose_pools
 from polykv_agents.pool.prefill import prefill_cache
 from polykv_agents.pool.recompute import recompute_in_place
@@ -164,3 +164,30 @@ def test_chat_and_plain_pools_do_not_mix_and_chat_pools_compose_as_one_conversat
         compose_pools(tiny_model, tiny_tok, [chat, plain])
     composed = compose_pools(tiny_model, tiny_tok, [chat, other])
     assert [m["content"] for m in composed.prefix_messages] == [FIRST, SECOND]
+
+
+def test_rope_whose_rotation_depends_on_the_length_is_refused_with_the_reason():
+    config = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=320, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="'dynamic', whose rotation depends on the sequence length"):
+        rotary_embedding(LlamaForCausalLM(config))
+
+
+def test_yarn_keys_move_without_its_attention_scaling_applied_twice(tiny_tok):
+    """YaRN scales cos and sin by an attention factor; a move must rotate by R(d) alone."""
+    config = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=320, max_position_embeddings=1024,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                         "original_max_position_embeddings": 256},
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    assert rotary_embedding(model).attention_scaling != 1.0
+    ids = tiny_tok(FIRST, return_tensors="pt").input_ids[0]
+    at_zero, _ = prefill_cache(model, ids)
+    later, _ = prefill_cache(model, torch.cat([ids, ids]))
+    moved = move_keys(model, layer_key_values(at_zero)[0][0], ids.numel())
+    torch.testing.assert_close(moved, layer_key_values(later)[0][0][:, :, ids.numel() :], atol=1e-5, rtol=1e-4)
