@@ -18,3 +18,11 @@ def test_quickstart_streams_three_answers(smollm, capsys):
     assert set(answers) == {"planner", "critic", "summarizer"}
     assert all(answers.values())
     assert "shared pool" in capsys.readouterr().out
+
+
+def test_two_documents_compose_their_pools_and_answer(smollm, capsys):
+    main = runpy.run_path(str(EXAMPLES / "two_documents.py"))["main"]
+    answer = main(max_new_tokens=8)
+    assert answer.strip()
+    out = capsys.readouterr().out
+    assert "composed [" in out and "'recompute': 0.05" in out

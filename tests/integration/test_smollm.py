@@ -160,3 +160,26 @@ def test_a_caller_thread_starts_no_openmp_team_of_its_own(smollm, chat_document)
     release.set()
     thread.join()
     assert during == before
+
+
+def test_a_critic_with_reuse_blocks_reads_a_real_specialists_finding_moved(smollm, compressed_pool):
+    """On the embedded model: a specialist's generated finding, quoted in a critic's prompt, is moved from the
+    specialist's call instead of prefilled, and counted; the same call without the opt-in moves nothing."""
+    from langchain_core.messages import HumanMessage, SystemMessage
+
+    from polykv_agents import ChatPolyKV, Engine
+
+    engine = Engine(max_block_bytes=256 * 1024**2, max_prefix_bytes=0)  # no exact tree: only blocks are read
+    chat = ChatPolyKV(model="SmolLM2-135M-Instruct", max_tokens=32, engine=engine).with_pool(compressed_pool)
+    finding = chat.invoke([SystemMessage("You are the finance specialist."), HumanMessage("Your main finding?")])
+    critic = [
+        SystemMessage("You are the critic."),
+        HumanMessage(f"The findings:\n- finance: {finding.text.strip()}\n\nWhich finding is weakest, and why?"),
+    ]
+    moved = chat.invoke(critic, reuse="blocks", block_recompute=0.0, max_tokens=8)
+    assert moved.response_metadata["block_tokens"] >= 16
+    assert moved.response_metadata["reused_tokens"] == moved.response_metadata["block_tokens"]
+    assert moved.text.strip()
+    plain = chat.invoke(critic, max_tokens=8)
+    assert plain.response_metadata["block_tokens"] == 0
+    engine.close()
