@@ -100,10 +100,14 @@ class BlockStore:
         copied), unless too short; then evict down to the budget."""
         if len(tokens) < self.min_tokens:
             return
-        block = _Block(tuple(tokens), tuple((k.clone(), v.clone()) for k, v in layers))
+        key = tuple(tokens)
+        with self._lock:
+            if any(old.tokens == key for old in self._blocks.get(model, {}).get(pool_digest, ())):
+                return
+        block = _Block(key, tuple((k.clone(), v.clone()) for k, v in layers))  # outside the lock: MBs of copying
         with self._lock:
             blocks = self._blocks.setdefault(model, {}).setdefault(pool_digest, [])
-            if any(old.tokens == block.tokens for old in blocks):
+            if any(old.tokens == key for old in blocks):
                 return
             block.last_used = next(self._clock)
             blocks.append(block)

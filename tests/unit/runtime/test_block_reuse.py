@@ -207,3 +207,33 @@ def test_a_composition_that_fails_falls_back_to_prefilling_and_the_call_is_right
     answer, stats = _run(scheduler, critic, BLOCKS.model_copy(update={"block_recompute": 0.0}))
     assert stats.block_tokens == 0 and answer == _full_prefill(model, tiny_tok, pool, critic)
     scheduler.close()
+
+
+def _layers(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(torch.zeros(1, n, 4), torch.zeros(1, n, 4))]  # one layer, [KVH, n, D]: 32 bytes a token
+
+
+def test_the_block_store_keeps_the_recently_read_blocks_under_its_budget(model):
+    one = 20 * 32  # bytes of a 20-token block
+    store = BlockStore(max_bytes=2 * one)
+    a, b, c = (list(range(base, base + 20)) for base in (100, 200, 300))
+    store.add(model, "pool", a, _layers(20))
+    store.add(model, "pool", b, _layers(20))
+    assert [o.offset for o in store.find(model, "pool", [7, *a, 9], 0, 22)] == [0]  # reading a makes b the oldest
+    store.add(model, "pool", c, _layers(20))
+    assert store.nbytes == 2 * one and store.evictions == 1
+    assert store.find(model, "pool", b, 0, 20) == []
+    assert len(store.find(model, "pool", [*a, *c], 0, 40)) == 2
+    assert store.find(model, "other pool", a, 0, 20) == []  # blocks are per pool
+
+
+def test_short_and_repeated_blocks_are_not_stored_twice(model):
+    store = BlockStore(max_bytes=10**6)
+    store.add(model, "pool", list(range(15)), _layers(15))  # under MIN_BLOCK_TOKENS
+    store.add(model, "pool", list(range(20)), _layers(20))
+    store.add(model, "pool", list(range(20)), _layers(20))
+    assert store.nbytes == 20 * 32
+    (occurrence,) = store.find(model, "pool", [50, 51, *range(3, 20), 52], 0, 20)
+    assert (occurrence.start, occurrence.offset, occurrence.length, occurrence.shift) == (2, 3, 17, -1)
+    with pytest.raises(ValueError, match="non-negative"):
+        BlockStore(max_bytes=-1)
