@@ -236,11 +236,12 @@ def readme_summary(result: BlocksResult) -> str:
         f"{result.roles}-specialist review over a {result.context_tokens:,}-token pool read "
         f"{default['block_tokens']:,.0f} of its {default['prompt_tokens'] - result.context_tokens:,.0f} own tokens "
         f"moved from the specialists' calls and got its first token {default['speedup']:.1f}x as fast as a full "
-        f"prefill of its prompt; it named the same weakest finding in {default['same_judge']:.0%} of "
-        f"{result.documents} documents (95% CI {default['same_judge_low']:.0%}-{default['same_judge_high']:.0%}). "
-        f"With exact reuse only: {exact['speedup']:.1f}x, and the same verdict in {exact['same_judge']:.0%} "
-        "(bf16 rounding differs between the two engines' batches) (`polykv-agents bench blocks`; "
-        "[table](../benchmarks/results/blocks.md))."
+        f"prefill of its prompt. Its verdict (the first role it names, or none) was the full prefill's in "
+        f"{default['same_judge']:.0%} of {result.documents} documents (95% CI {default['same_judge_low']:.0%}-"
+        f"{default['same_judge_high']:.0%}), and its answer kept the full prefill's first "
+        f"{default['agreeing_tokens']:.0f} tokens (median). With exact reuse only: {exact['speedup']:.1f}x, the "
+        f"same verdict in {exact['same_judge']:.0%} and {exact['agreeing_tokens']:.0f} tokens (bf16 rounding differs "
+        "between the two engines' batches) (`polykv-agents bench blocks`; [table](../benchmarks/results/blocks.md))."
     )
 
 

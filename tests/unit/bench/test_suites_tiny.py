@@ -246,5 +246,5 @@ def test_blocks_suite_moves_findings_into_the_critic_and_judges_against_a_full_p
         assert settings[exact]["same_judge"] == 1.0
     assert judged_role("The Finance finding is weak, not legal.", ["legal", "finance"]) == "finance"
     assert judged_role("None of them.", ["legal"]) is None
-    assert "named the same weakest finding" in SUITE.rendered(result).blocks["blocks"]
+    assert "was the full prefill's in" in SUITE.rendered(result).blocks["blocks"]
     assert [p.name for p in SUITE.write(result, tmp_path)] == ["blocks.json", "blocks.md"]
