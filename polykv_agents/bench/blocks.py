@@ -224,6 +224,14 @@ def render_markdown(result: BlocksResult) -> str:
         f"critic names; after a full prefill it named one in {named:.0%} of documents. Intervals: Wilson, 95%. "
         f"{info.date}."
     )
+    prefill = next(row["ttft_s"] for row in result.settings if row["setting"] == "prefill")
+    slower = [row["setting"] for row in result.settings if row["ttft_s"] > prefill]
+    if slower:
+        conditions += f" Slower to the first token than the full prefill: {', '.join(slower)}."
+    conditions += (
+        " Every figure is warm: each engine's scheduler had started before the critic's calls (the cold start, "
+        "decoding the pool once, is the same for every setting)."
+    )
     return f'# The critic reading moved findings (reuse="blocks")\n\n{conditions}\n\n{table}\n'
 
 

@@ -16,7 +16,6 @@ fraction, against a full prefill of the same tokens, is measured by ``benchmarks
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -24,11 +23,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.config import CompressionConfig
-from polykv_agents.model.architecture import check_causal_lm, check_fits_sliding_window
+from polykv_agents.model.architecture import check_causal_lm
 from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.model.rope import move_keys, rotary_embedding
-from polykv_agents.pool.documents import max_positions
-from polykv_agents.pool.recompute import recompute_in_place
+from polykv_agents.pool.documents import check_fits_model
+from polykv_agents.pool.recompute import recompute_in_place, recomputed_head
 from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.prompting.chat_template import render_messages
 
@@ -95,12 +94,14 @@ def compose_pools(
             raise ValueError(msg) from e
     rotary_embedding(model)  # refuses models whose positions cannot be moved
     token_ids = torch.cat([pool.token_ids for pool in pools])  # [sum n_j]
-    _check_fits(model, token_ids.numel())
+    check_fits_model(
+        model, token_ids.numel(), subject="the composed pools hold", remedy="compose fewer or shorter documents"
+    )
     messages = _composed_messages(tokenizer, pools, token_ids)
-    cache = run_on_compute_thread(_moved_cache, model, pools)
     starts = _part_starts(pools)
+    cache = run_on_compute_thread(_moved_cache, model, pools, starts)
     positions = torch.cat([
-        torch.arange(start, start + math.ceil(recompute * pool.num_tokens))
+        torch.arange(start, start + recomputed_head(pool.num_tokens, recompute))
         for start, pool in zip(starts[1:], pools[1:], strict=True)
     ])  # fmt: skip
     run_on_compute_thread(recompute_in_place, model, cache, token_ids[positions], positions)
@@ -127,17 +128,6 @@ def _part_starts(pools: Sequence[SharedKVPool]) -> list[int]:
         starts.append(total)
         total += pool.num_tokens
     return starts
-
-
-def _check_fits(model: PreTrainedModel, num_tokens: int) -> None:
-    limit = max_positions(model)
-    if limit is not None and num_tokens >= limit:
-        msg = (
-            f"the composed pools hold {num_tokens} tokens, but the model covers at most {limit} positions and the "
-            "agents' turns must fit after them; compose fewer or shorter documents"
-        )
-        raise ValueError(msg)
-    check_fits_sliding_window(model, num_tokens)
 
 
 def _composed_messages(
@@ -170,7 +160,7 @@ def _composed_messages(
 
 
 @torch.inference_mode()
-def _moved_cache(model: PreTrainedModel, pools: Sequence[SharedKVPool]) -> DynamicCache:
+def _moved_cache(model: PreTrainedModel, pools: Sequence[SharedKVPool], starts: Sequence[int]) -> DynamicCache:
     """Every pool decoded, each one's keys moved to where it now starts; ``[1, KVH, sum n_j, D]`` per layer.
 
     A cache of full-attention layers: the composed tokens fit the sliding window (checked), so a sliding layer's
@@ -179,7 +169,7 @@ def _moved_cache(model: PreTrainedModel, pools: Sequence[SharedKVPool]) -> Dynam
     cache = DynamicCache()
     for layer in range(pools[0].num_layers):
         keys, values = [], []
-        for pool, start in zip(pools, _part_starts(pools), strict=True):
+        for pool, start in zip(pools, starts, strict=True):
             k, v = pool.decompress_layer(layer, dtype=model.dtype, device=model.device)
             keys.append(move_keys(model, k, start) if start else k)
             values.append(v)

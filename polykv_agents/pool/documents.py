@@ -76,12 +76,18 @@ def tokenize_document(
             raise ValueError(msg)
         text, add_special = render_messages(tokenizer, messages), False
     token_ids = tokenizer(text, add_special_tokens=add_special, return_tensors="pt").input_ids[0]  # [T]
+    check_fits_model(model, token_ids.numel(), subject="the document is", remedy="shorten or split the document")
+    return token_ids, messages
+
+
+def check_fits_model(model: PreTrainedModel, num_tokens: int, *, subject: str, remedy: str) -> None:
+    """Raise ``ValueError`` unless a pool of ``num_tokens`` leaves room in the model's positions for the agents'
+    turns and fits whole in its sliding window; the message reads ``{subject} {num_tokens} tokens ...; {remedy}``."""
     limit = max_positions(model)
-    if limit is not None and token_ids.numel() >= limit:
+    if limit is not None and num_tokens >= limit:
         msg = (
-            f"the document is {token_ids.numel()} tokens, but the model covers at most {limit} positions "
-            "and the agents' turns must fit after it; shorten or split the document"
+            f"{subject} {num_tokens} tokens, but the model covers at most {limit} positions "
+            f"and the agents' turns must fit after it; {remedy}"
         )
         raise ValueError(msg)
-    check_fits_sliding_window(model, token_ids.numel())
-    return token_ids, messages
+    check_fits_sliding_window(model, num_tokens)

@@ -16,11 +16,19 @@ CacheBlend's selective recompute. Choosing every position is a full prefill in o
 
 from __future__ import annotations
 
+import math
+
 import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer
 
 from polykv_agents.model.compat import cache_keyword
+
+
+def recomputed_head(length: int, fraction: float) -> int:
+    """How many first tokens of a moved run of ``length`` tokens are recomputed at ``fraction`` (EPIC's choice:
+    a run's first tokens carry most of what it attended to where it was computed)."""
+    return math.ceil(fraction * length)
 
 
 @torch.inference_mode()

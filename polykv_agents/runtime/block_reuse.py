@@ -17,14 +17,13 @@ Tokens before the first occurrence are exact (they see only exact tokens), so th
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from polykv_agents.pool.recompute import recompute_in_place
+from polykv_agents.pool.recompute import recompute_in_place, recomputed_head
 from polykv_agents.runtime.block_store import BlockOccurrence, moved_layer
 from polykv_agents.runtime.prefix_tree import LayerKV, PrefixMatch
 from polykv_agents.runtime.shared_prefix import SharedPrefix
@@ -74,7 +73,7 @@ def compose_start(
     kept: list[int] = []
     computed = list(range(exact, occurrences[0].start))
     for occurrence, after in zip(occurrences, [*occurrences[1:], None], strict=True):
-        head = math.ceil(recompute * occurrence.length)
+        head = recomputed_head(occurrence.length, recompute)
         computed += range(occurrence.start, occurrence.start + head)
         kept += range(occurrence.start + head, occurrence.start + occurrence.length)
         computed += range(occurrence.start + occurrence.length, end if after is None else after.start)

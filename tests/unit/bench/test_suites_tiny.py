@@ -247,4 +247,6 @@ def test_blocks_suite_moves_findings_into_the_critic_and_judges_against_a_full_p
     assert judged_role("The Finance finding is weak, not legal.", ["legal", "finance"]) == "finance"
     assert judged_role("None of them.", ["legal"]) is None
     assert "was the full prefill's in" in SUITE.rendered(result).blocks["blocks"]
+    slower = [r["setting"] for r in result.settings if r["ttft_s"] > settings["prefill"]["ttft_s"]]
+    assert ("Slower to the first token than the full prefill" in SUITE.markdown(result)) == bool(slower)
     assert [p.name for p in SUITE.write(result, tmp_path)] == ["blocks.json", "blocks.md"]
