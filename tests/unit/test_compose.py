@@ -191,3 +191,11 @@ def test_yarn_keys_move_without_its_attention_scaling_applied_twice(tiny_tok):
     later, _ = prefill_cache(model, torch.cat([ids, ids]))
     moved = move_keys(model, layer_key_values(at_zero)[0][0], ids.numel())
     torch.testing.assert_close(moved, layer_key_values(later)[0][0][:, :, ids.numel() :], atol=1e-5, rtol=1e-4)
+
+
+def test_more_tokens_than_the_models_positions_are_refused(tiny_tok):
+    model = tiny_llama(max_positions=64)
+    pool = SharedKVPool.prefill(model, tiny_tok, "Keys are quantised. " * 3)
+    assert pool.num_tokens < 64 <= 2 * pool.num_tokens
+    with pytest.raises(ValueError, match="the composed pools hold .* covers at most 64 positions.*compose fewer"):
+        compose_pools(model, tiny_tok, [pool, pool])
