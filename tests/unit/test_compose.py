@@ -197,5 +197,5 @@ def test_more_tokens_than_the_models_positions_are_refused(tiny_tok):
     model = tiny_llama(max_positions=64)
     pool = SharedKVPool.prefill(model, tiny_tok, "Keys are quantised. " * 3)
     assert pool.num_tokens < 64 <= 2 * pool.num_tokens
-    with pytest.raises(ValueError, match="the composed pools hold .* covers at most 64 positions.*compose fewer"):
+    with pytest.raises(ValueError, match=r"the composed pools hold .* covers at most 64 positions.*compose fewer"):
         compose_pools(model, tiny_tok, [pool, pool])
