@@ -8,6 +8,7 @@ length (the joints between sentences tokenize a little differently from the sent
 
 from __future__ import annotations
 
+import bisect
 import random
 import re
 from collections.abc import Sequence
@@ -38,17 +39,26 @@ class Haystack:
         return len(self.tokenizer(text, add_special_tokens=False).input_ids)
 
     def filler(self, budget: int, rng: random.Random) -> list[str]:
-        """Consecutive sentences from a random start (wrapping around) holding about ``budget`` tokens."""
+        """Consecutive sentences from a random start (wrapping around) holding about ``budget`` tokens; the last
+        one cut after as many words as still fit, as RULER cuts its haystack to the length."""
         counts = self._counts
         if budget >= sum(counts):
             msg = f"the filler corpus holds about {sum(counts)} tokens, fewer than the {budget} asked for"
             raise ValueError(msg)
         index, taken, chosen = rng.randrange(len(counts)), 0, []
-        while not chosen or taken + counts[index] <= budget:
+        while taken + counts[index] <= budget:
             chosen.append(self.sentences[index])
             taken += counts[index]
             index = (index + 1) % len(counts)
+        words = self.sentences[index].split()
+        fitting = bisect.bisect_right(range(len(words) + 1), budget - taken, key=self._cost_of(words)) - 1
+        if fitting > 0:
+            chosen.append(" ".join(words[:fitting]))
         return chosen
+
+    def _cost_of(self, words: list[str]):
+        """Tokens (with the joining space) of the first ``n`` of ``words``, as a function of ``n``."""
+        return lambda n: self.tokens(" ".join(words[:n])) + 1 if n else 0
 
     def document(self, needles: Sequence[str], context_tokens: int, rng: random.Random) -> str:
         """About ``context_tokens`` tokens of filler with ``needles`` inserted in their order at random depths

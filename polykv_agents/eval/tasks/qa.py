@@ -24,7 +24,7 @@ QA_QUESTION = (
     "words.\n\nQuestion: {question}"
 )
 
-FILL_ATTEMPTS = 8
+FILL_ATTEMPTS = 32
 """Distractors drawn in a row that do not fit before a document counts as full."""
 
 

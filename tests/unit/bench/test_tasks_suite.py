@@ -1,0 +1,80 @@
+"""``bench tasks``: options are checked before anything is measured, every preset answers every item, and the
+summaries pair each preset's answer with the full-precision answer to the same item."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from polykv_agents.bench import tasks as suite
+from polykv_agents.bench.tasks import TaskAnswer, TasksOptions, run_tasks, summary_rows
+
+
+def test_unknown_tasks_and_presets_are_refused_with_the_choices():
+    with pytest.raises(ValidationError, match="niah_single"):
+        TasksOptions(tasks=["needle"])
+    with pytest.raises(ValidationError, match="choose among default"):
+        TasksOptions(configs=["tiny"])
+
+
+def test_full_precision_is_always_the_first_preset_scored():
+    assert TasksOptions(configs=["max", "full", "default"]).configs == ["full", "max", "default"]
+    assert TasksOptions(configs=[]).configs == ["full"]
+
+
+def _answer(item: int, config: str, score: float, task: str = "niah_single", context: int = 512) -> TaskAnswer:
+    return TaskAnswer(
+        context=context, item=item, task=task, config=config, document_tokens=500, compression_ratio=1.0,
+        answer="", references=["1"], score=score, f1=score,
+    )  # fmt: skip
+
+
+def test_a_presets_delta_is_paired_with_the_same_items_full_precision_score():
+    answers = [_answer(0, "full", 1.0), _answer(0, "max", 0.0), _answer(1, "full", 0.0), _answer(1, "max", 0.0)]
+    answers += [_answer(2, "full", 0.5), _answer(2, "max", 1.0)]
+    rows = {row["config"]: row for row in summary_rows(answers, "context")}
+    assert rows["full"]["delta"] is None and rows["full"]["score"]["mean"] == pytest.approx(50.0)
+    assert rows["max"]["score"]["mean"] == pytest.approx(100 / 3)
+    assert rows["max"]["delta"]["mean"] == pytest.approx((-100 + 0 + 50) / 3)
+    assert rows["max"]["delta"]["n"] == 3
+
+
+def test_summaries_by_task_pool_the_contexts():
+    answers = [_answer(0, "full", 1.0, context=512), _answer(0, "full", 0.0, context=1024)]
+    answers += [_answer(0, "max", 1.0, context=512), _answer(0, "max", 1.0, context=1024)]
+    rows = {row["config"]: row for row in summary_rows(answers, "task")}
+    assert rows["max"]["delta"]["mean"] == pytest.approx(50.0) and rows["max"]["score"]["n"] == 2
+
+
+def test_every_preset_answers_every_item_and_is_scored_against_its_references(tiny_model_dir, monkeypatch):
+    asked = []
+
+    def answer_item(model, tokenizer, item, configs):
+        asked.append(item)
+        # full precision names the first reference, the others name nothing
+        return [(c, 300, 1.0 if c == "full" else 3.0, item.answers[0] if c == "full" else "no idea") for c in configs]
+
+    monkeypatch.setattr(suite, "answer_item", answer_item)
+    options = TasksOptions(
+        contexts=[256], items=4, tasks=["niah_single", "niah_multivalue"], configs=["max"], model=tiny_model_dir
+    )
+    result = run_tasks(options)
+    assert [a.task for a in asked] == ["niah_single", "niah_multivalue"] * 2
+    assert [(a.item, a.config) for a in result.answers] == [(i, c) for i in range(4) for c in ("full", "max")]
+    scores = {(a.task, a.config): a.score for a in result.answers}
+    assert scores[("niah_single", "full")] == 1.0 and scores[("niah_multivalue", "full")] == 0.25
+    assert scores[("niah_single", "max")] == 0.0
+    assert "reference" in suite.render_markdown(result)
+    assert run_tasks(options).answers == result.answers  # the same seed: the same items
+
+
+def test_a_real_pool_answers_through_the_fact_finder(tiny_model, tiny_tok):
+    from polykv_agents.eval.tasks import TaskItem
+
+    item = TaskItem("niah_single", "The magic number is 1234567. " * 20, "What is the magic number?", ("1234567",),
+                    "all", 4)  # fmt: skip
+    answers = suite.answer_item(tiny_model, tiny_tok, item, ["full", "max"])
+    assert [config for config, *_ in answers] == ["full", "max"]
+    (_, tokens, full_ratio, _), (_, _, max_ratio, _) = answers
+    assert tokens > 100 and max_ratio > full_ratio
+    assert all(isinstance(answer, str) for *_, answer in answers)
