@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.config import CompressionConfig
-from polykv_agents.model.architecture import check_causal_lm, check_fits_sliding_window
+from polykv_agents.model.architecture import check_causal_lm
 from polykv_agents.model.compat import cache_from_key_values, forward_with_cache, layer_key_values
 from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.pool.documents import max_positions
@@ -89,7 +89,6 @@ def prefix_and_continuation(
             "use smaller lengths"
         )
         raise ValueError(msg)
-    check_fits_sliding_window(model, context_tokens)
     return ids[:context_tokens], ids[context_tokens:needed]
 
 

@@ -51,22 +51,11 @@ def check_causal_lm(model: object) -> None:
 
 
 def document_token_limit(model: PreTrainedModel) -> int | None:
-    """Most document tokens every cache layer keeps whole: ``window - 1`` of the narrowest sliding-window
-    layer, or ``None`` when every layer attends to all tokens."""
+    """Most tokens the narrowest sliding-window layer attends to (``window - 1``), or ``None`` when every layer
+    attends to all tokens. Pools are not bound by it (they keep every token, and masks apply each window); keys
+    moved and recomputed in place are (:mod:`polykv_agents.pool.recompute` builds its own mask, without windows)."""
     windows = [layer.sliding_window for layer in _cache_layers(model) if isinstance(layer, DynamicSlidingWindowLayer)]
     return min(windows) - 1 if windows else None
-
-
-def check_fits_sliding_window(model: PreTrainedModel, num_tokens: int) -> None:
-    """Raise ``ValueError`` if ``num_tokens`` of document would not fit whole in the model's sliding-window layers."""
-    limit = document_token_limit(model)
-    if limit is not None and num_tokens > limit:
-        msg = (
-            f"the document is {num_tokens} tokens, but this model's sliding-window layers keep only the "
-            f"last {limit}, and a pool holds every document token in every layer; split the document into "
-            f"parts of at most {limit} tokens (one pool each), or use a model without sliding-window attention"
-        )
-        raise ValueError(msg)
 
 
 def _cache_layers(model: PreTrainedModel) -> list:

@@ -38,6 +38,16 @@ def new_dynamic_cache(model: PreTrainedModel) -> DynamicCache:
     return DynamicCache(config=model.config)
 
 
+def new_full_cache() -> DynamicCache:
+    """An empty ``DynamicCache`` that keeps every token in every layer, sliding-window layers included.
+
+    The window still holds: transformers' masks apply it to whatever the cache holds (prefill logits with it
+    match a sliding cache's and a single forward's to float rounding, ``tests/unit/test_architectures.py``). A
+    pool needs it because it holds every document token in every layer, however long the window.
+    """
+    return DynamicCache()
+
+
 def forward_with_cache(
     model: PreTrainedModel,
     input_ids: torch.Tensor,

@@ -52,6 +52,15 @@ def embedded_model_file() -> Path:
     raise ModelNotFoundError(msg)
 
 
+def _gguf_file(path: str) -> Path:
+    """A local GGUF file's path (transformers reads it from its folder), or a clear error."""
+    gguf = Path(path).expanduser()
+    if not gguf.is_file():
+        msg = f"No GGUF file at {path!r}; pass the path of a local .gguf file (nothing is downloaded at run time)."
+        raise ModelNotFoundError(msg)
+    return gguf.resolve()
+
+
 @contextlib.contextmanager
 def _quiet_progress_bars() -> Iterator[None]:
     """Loading prints tqdm bars (the GGUF de-quantisation one ignores transformers' switch, so its
@@ -82,8 +91,8 @@ def load_model_uncached(
 def _load(
     name_or_path: str | None, dtype: torch.dtype | None, device: str, weights: Weights
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    if name_or_path is None or name_or_path == DEFAULT_MODEL:
-        gguf = embedded_model_file()
+    if name_or_path is None or name_or_path == DEFAULT_MODEL or str(name_or_path).endswith(".gguf"):
+        gguf = embedded_model_file() if name_or_path in (None, DEFAULT_MODEL) else _gguf_file(name_or_path)
         # De-quantised to fp32 (transformers' fastest GGUF path), then cast below.
         source, kwargs, load_dtype = str(gguf.parent), {"gguf_file": gguf.name}, torch.float32
     else:
@@ -100,7 +109,7 @@ def _load(
     except OSError as e:
         msg = (
             f"Could not load model {name_or_path!r} from local files; nothing is downloaded at run time. "
-            "Pass a local directory, or a hub id already in the local Hugging Face cache."
+            "Pass a local directory, a local .gguf file, or a hub id already in the local Hugging Face cache."
         )
         raise ModelNotFoundError(msg) from e
     model.to(device=device, dtype=dtype)
@@ -108,6 +117,8 @@ def _load(
     quantize_weights(model, weights)  # after the cast: scales are stored in the model's dtype
     if name_or_path in (None, DEFAULT_MODEL):  # not the GGUF file's folder, whichever way it was asked for
         model.config.name_or_path = DEFAULT_MODEL
+    elif str(name_or_path).endswith(".gguf"):
+        model.config.name_or_path = Path(name_or_path).stem
     return model, tokenizer
 
 

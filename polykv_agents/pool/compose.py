@@ -95,7 +95,11 @@ def compose_pools(
     rotary_embedding(model)  # refuses models whose positions cannot be moved
     token_ids = torch.cat([pool.token_ids for pool in pools])  # [sum n_j]
     check_fits_model(
-        model, token_ids.numel(), subject="the composed pools hold", remedy="compose fewer or shorter documents"
+        model,
+        token_ids.numel(),
+        subject="the composed pools hold",
+        remedy="compose fewer or shorter documents",
+        within_window=True,
     )
     messages = _composed_messages(tokenizer, pools, token_ids)
     starts = _part_starts(pools)

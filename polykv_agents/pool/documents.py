@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from polykv_agents.model.architecture import check_fits_sliding_window
+from polykv_agents.model.architecture import document_token_limit
 from polykv_agents.prompting.chat_template import Message, has_chat_template, render_messages
 
 Document = str | bytes | Sequence[Message]
@@ -64,8 +64,8 @@ def tokenize_document(
     """Token ids ``[T]`` of the document, plus its messages when it is a chat prefix.
 
     Raises:
-        ValueError: empty, undecodable, longer than the model's positions, or longer than its
-            sliding window (see :mod:`polykv_agents.model.architecture`).
+        ValueError: empty, undecodable, or longer than the model's positions (a sliding window is no limit:
+            a pool keeps every token in every layer, and each layer's window is applied by masks).
     """
     if isinstance(document, (str, bytes)):
         text, messages, add_special = document_text(document), None, True
@@ -80,9 +80,12 @@ def tokenize_document(
     return token_ids, messages
 
 
-def check_fits_model(model: PreTrainedModel, num_tokens: int, *, subject: str, remedy: str) -> None:
+def check_fits_model(
+    model: PreTrainedModel, num_tokens: int, *, subject: str, remedy: str, within_window: bool = False
+) -> None:
     """Raise ``ValueError`` unless a pool of ``num_tokens`` leaves room in the model's positions for the agents'
-    turns and fits whole in its sliding window; the message reads ``{subject} {num_tokens} tokens ...; {remedy}``."""
+    turns (and, ``within_window``, fits the narrowest sliding window); the message reads ``{subject} {num_tokens}
+    tokens ...; {remedy}``."""
     limit = max_positions(model)
     if limit is not None and num_tokens >= limit:
         msg = (
@@ -90,4 +93,10 @@ def check_fits_model(model: PreTrainedModel, num_tokens: int, *, subject: str, r
             f"and the agents' turns must fit after it; {remedy}"
         )
         raise ValueError(msg)
-    check_fits_sliding_window(model, num_tokens)
+    window = document_token_limit(model) if within_window else None
+    if window is not None and num_tokens > window:
+        msg = (
+            f"{subject} {num_tokens} tokens, but keys moved and recomputed in place must fit this model's "
+            f"sliding window ({window} tokens): the recompute's mask does not apply windows; {remedy}"
+        )
+        raise ValueError(msg)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from polykv_agents.model.compat import forward_with_cache, new_dynamic_cache
+from polykv_agents.model.compat import forward_with_cache, new_full_cache
 
 DEFAULT_CHUNK_SIZE = 512
 """Tokens per forward pass during prefill."""
@@ -29,7 +29,8 @@ def prefill_cache(
     """Prefill ``token_ids [T]`` into a fresh cache.
 
     Returns:
-        ``(cache, last_logits)``: the cache holds layers ``[1, kv_heads, T, head_dim]``;
+        ``(cache, last_logits)``: the cache holds layers ``[1, kv_heads, T, head_dim]``, all ``T`` tokens in
+        every layer, sliding-window layers included;
         ``last_logits [vocab]`` predict the token after the document.
     """
     if chunk_size < 1:
@@ -37,7 +38,7 @@ def prefill_cache(
         raise ValueError(msg)
     ids = token_ids.to(model.device).unsqueeze(0)  # [1, T]
     num_tokens = ids.shape[-1]
-    cache = new_dynamic_cache(model)
+    cache = new_full_cache()  # every token in every layer, sliding-window layers included (their masks apply it)
     logits = None
     for start in range(0, num_tokens, chunk_size):
         logits = forward_with_cache(

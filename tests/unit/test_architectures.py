@@ -18,6 +18,7 @@ from tiny_models import FAMILIES, SLIDING_WINDOW, tiny_causal_lm
 
 from polykv_agents import CompressionConfig, GenerationSettings, PooledAgent, SharedKVPool
 from polykv_agents.eval.perplexity import perplexity_deltas
+from polykv_agents.model.compat import forward_with_cache, new_dynamic_cache, new_full_cache
 from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.pool.store import PoolStore
 from polykv_agents.runtime.cascade_attention import enable_cascade_attention
@@ -138,32 +139,54 @@ def test_switching_to_cascade_attention_keeps_ordinary_calls_exact(family, base)
     assert torch.equal(before, after)
 
 
-def test_perplexity_refuses_a_context_longer_than_the_sliding_window(tiny_tok):
-    with pytest.raises(ValueError, match="sliding-window layers keep only the last"):
-        perplexity_deltas(
-            model_of("mistral"), tiny_tok, DOC * 8, context_tokens=100, continuation_tokens=20, configs=[]
-        )
+LONG_DOC = DOC * 6
+"""About three sliding windows of the tiny models' (64 tokens)."""
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma2"])
-def test_document_longer_than_the_sliding_window_is_refused_before_prefill(family, tiny_tok, monkeypatch):
+def test_a_full_cache_prefills_what_a_sliding_cache_does(family):
+    """A pool's prefill keeps every token in every layer; the model's masks still apply each layer's window."""
     model = model_of(family)
-    long_document = DOC * 4
-    assert len(tiny_tok(long_document).input_ids) > SLIDING_WINDOW
+    ids = (torch.arange(3 * SLIDING_WINDOW) % 300 + 3).unsqueeze(0)
+    by_cache = {}
+    for name, cache in (("sliding", new_dynamic_cache(model)), ("full", new_full_cache())):
+        chunks = [
+            forward_with_cache(model, ids[:, s : s + 50], cache, start_position=s) for s in range(0, ids.numel(), 50)
+        ]
+        by_cache[name] = torch.cat(chunks, dim=1)
+    assert torch.allclose(by_cache["full"], by_cache["sliding"], atol=1e-5)
+    assert all(layer.keys.shape[-2] == ids.numel() for layer in cache.layers)  # the full cache kept every token
 
-    def no_prefill(*args, **kwargs):
-        raise AssertionError("the document should be refused before any forward pass")
 
-    monkeypatch.setattr("polykv_agents.pool.shared_pool.prefill_cache", no_prefill)
-    with pytest.raises(ValueError, match=rf"sliding-window layers keep only the last {SLIDING_WINDOW - 1}.*split"):
-        SharedKVPool.prefill(model, tiny_tok, long_document)
+@pytest.mark.parametrize("runtime", ["private", "decompressed", "compressed"])
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_a_document_longer_than_the_sliding_window_is_pooled_whole_and_exact(family, runtime, tiny_tok):
+    model = model_of(family)
+    pool = SharedKVPool.prefill(model, tiny_tok, LONG_DOC, config=CompressionConfig.full_precision())
+    assert pool.num_tokens > 2 * SLIDING_WINDOW
+    assert all(pool.decompress_layer(i)[0].shape[-2] == pool.num_tokens for i in range(pool.num_layers))
+    agent = PooledAgent(pool, model, tiny_tok, system_prompt="You are the critic.", runtime=runtime)
+    ids = torch.cat([pool.token_ids, agent.prompt_ids(QUESTIONS[0])])
+    assert pooled_greedy(agent, QUESTIONS[0]) == plain_greedy(model, ids, NEW_TOKENS)
 
 
-def test_a_document_exactly_filling_the_window_is_accepted(tiny_tok):
-    model = model_of("mistral")
-    ids = tiny_tok(DOC * 4).input_ids[: SLIDING_WINDOW - 1]
-    pool = SharedKVPool.prefill(model, tiny_tok, tiny_tok.decode(ids), config=CompressionConfig.full_precision())
-    assert pool.num_tokens <= SLIDING_WINDOW - 1
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_concurrent_agents_over_a_pool_longer_than_the_window_each_reproduce_plain_generation(family, tiny_tok):
+    model = model_of(family)
+    pool = SharedKVPool.prefill(model, tiny_tok, LONG_DOC, config=CompressionConfig.full_precision())
+    agent = PooledAgent(pool, model, tiny_tok)
+    with ThreadPoolExecutor(len(QUESTIONS)) as executor:
+        answers = list(executor.map(lambda q: pooled_greedy(agent, q), QUESTIONS))
+    for question, answer in zip(QUESTIONS, answers, strict=True):
+        assert answer == plain_greedy(model, torch.cat([pool.token_ids, agent.prompt_ids(question)]), NEW_TOKENS)
+
+
+def test_perplexity_past_the_sliding_window_is_measured_and_full_precision_changes_nothing(tiny_tok):
+    (result,) = perplexity_deltas(
+        model_of("mistral"), tiny_tok, LONG_DOC * 2, context_tokens=3 * SLIDING_WINDOW, continuation_tokens=20,
+        configs=[CompressionConfig.full_precision()],
+    )  # fmt: skip
+    assert result.delta_pct == pytest.approx(0.0, abs=1e-3)
 
 
 def _mamba():
