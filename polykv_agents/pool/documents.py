@@ -97,6 +97,6 @@ def check_fits_model(
     if window is not None and num_tokens > window:
         msg = (
             f"{subject} {num_tokens} tokens, but keys moved and recomputed in place must fit this model's "
-            f"sliding window ({window} tokens): the recompute's mask does not apply windows; {remedy}"
+            f"sliding-window layers ({window} tokens): the recompute's mask does not apply windows; {remedy}"
         )
         raise ValueError(msg)
