@@ -175,6 +175,18 @@ def test_rope_whose_rotation_depends_on_the_length_is_refused_with_the_reason():
         rotary_embedding(LlamaForCausalLM(config))
 
 
+def test_rope_that_differs_by_layer_type_is_refused_with_the_reason():
+    """Gemma 3 rotates its local and global layers with different bases: one move cannot serve both."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(
+        vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, sliding_window=64,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="differently by layer type"):
+        rotary_embedding(Gemma3ForCausalLM(config))
+
+
 def test_yarn_keys_move_without_its_attention_scaling_applied_twice(tiny_tok):
     """YaRN scales cos and sin by an attention factor; a move must rotate by R(d) alone."""
     config = LlamaConfig(
