@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 import statistics
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
@@ -153,7 +154,10 @@ def run_tasks(options: TasksOptions, progress: Progress = lambda _: None) -> Tas
                 )
                 for config, tokens, ratio, answer in answer_item(model, tokenizer, item, options.configs)
             ]  # fmt: skip
-    return TasksResult(run_info=RunInfo.collect(model), options=options.model_dump(), answers=answers)
+    settings = options.model_dump()
+    if options.model is not None:  # its file or folder name: no machine's paths in committed results
+        settings["model"] = Path(options.model).name
+    return TasksResult(run_info=RunInfo.collect(model), options=settings, answers=answers)
 
 
 # ---------------------------------------------------------------- summaries (from the JSON alone)
@@ -250,12 +254,27 @@ class TasksSuite(JsonSuite[TasksResult]):
     def rendered(self, result: TasksResult) -> Rendered:
         body = render_markdown(result).split("\n", 1)[1]
         section = [
-            "## Finding the fact in a pooled document: task scores",
+            f"## Finding the fact in a pooled document: task scores, {result.run_info.model}",
             "",
-            "Produced by `polykv-agents bench tasks`.",
+            f"Produced by `polykv-agents bench tasks{_model_flag(result)}`.",
             body.replace("\n### ", "\n#### ").replace("\n## ", "\n### ").rstrip("\n"),
         ]
         return Rendered(results=section)
+
+    def render(self, results_dir: Path) -> Rendered | None:
+        """The embedded model's ``tasks.json``, then every other model's, each in a folder of its own
+        (``--out benchmarks/results/<model>``), one section each."""
+        rendered = [
+            JsonSuite.render(self, folder)
+            for folder in (results_dir, *sorted(p.parent for p in results_dir.glob(f"*/{self.name}.json")))
+        ]
+        sections = [line for r in rendered if r is not None for line in [*r.results, ""]]
+        return Rendered(results=sections[:-1]) if sections else None
+
+
+def _model_flag(result: TasksResult) -> str:
+    model = result.options.get("model")
+    return "" if model is None else f" --model {model}"
 
 
 SUITE = TasksSuite()

@@ -78,3 +78,19 @@ def test_a_real_pool_answers_through_the_fact_finder(tiny_model, tiny_tok):
     (_, tokens, full_ratio, _), (_, _, max_ratio, _) = answers
     assert tokens > 100 and max_ratio > full_ratio
     assert all(isinstance(answer, str) for *_, answer in answers)
+
+
+def test_results_name_a_local_model_by_its_file_name_and_render_each_model_in_its_own_section(
+    tiny_model_dir, monkeypatch, tmp_path
+):
+    def answer_item(model, tokenizer, item, configs):
+        return [(config, 9, 1.0, "") for config in configs]
+
+    monkeypatch.setattr(suite, "answer_item", answer_item)
+    result = run_tasks(TasksOptions(contexts=[256], items=1, tasks=["niah_single"], model=tiny_model_dir))
+    assert result.options["model"] == tiny_model_dir.rstrip("/").rsplit("/", 1)[-1]
+    suite.SUITE.write(result, tmp_path)
+    suite.SUITE.write(result, tmp_path / "second-model")
+    sections = suite.SUITE.render(tmp_path).results
+    headings = [line for line in sections if line.startswith("## ")]
+    assert len(headings) == 2 and f"--model {result.options['model']}" in "\n".join(sections)
