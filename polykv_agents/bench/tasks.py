@@ -238,12 +238,36 @@ def render_markdown(result: TasksResult) -> str:
     return "\n".join(parts)
 
 
+def readme_table(result: TasksResult) -> str:
+    """Per preset, its score at each context with the paired change against full precision, for the README."""
+    rows = summary_rows(result.answers, "context")
+    contexts = sorted({r["context"] for r in rows})
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    cell = {(r["config"], r["context"]): r for r in rows}
+    header = "| preset | x vs fp16 | " + " | ".join(f"score at {c:,} tokens (vs full, 95% CI)" for c in contexts) + " |"
+    lines = [header, "|---|---:|" + "---:|" * len(contexts)]
+    for config in configs:
+        scores = [
+            f"{cell[(config, c)]['score']['mean']:.1f}"
+            + ("" if config == REFERENCE else f" ({_with_interval(cell[(config, c)]['delta'], signed=True)})")
+            for c in contexts
+        ]
+        lines.append(f"| {config} | {cell[(config, contexts[0])]['ratio']:.2f}x | " + " | ".join(scores) + " |")
+    items = result.options["items"]
+    return (
+        f"{result.run_info.model} ({result.run_info.dtype}), {items} items per context over "
+        f"{len(result.options['tasks'])} tasks (`polykv-agents bench tasks{_model_flag(result)}`, "
+        f"{result.run_info.date}; points of RULER's string match):\n\n" + "\n".join(lines)
+    )
+
+
 class TasksSuite(JsonSuite[TasksResult]):
     name = "tasks"
     summary = "RULER-style task scores of pooled answers per preset against full precision (needles, QA, ...)."
     result_type = TasksResult
     options = TasksOptions
-    reproduce = ((),)
+    reproduce = (("--context", "1024", "--context", "2048", "--items", "70"),)
+    """What the committed results ran: the full default (210 items at four lengths) takes most of a day on 2 cores."""
 
     def run(self, options: TasksOptions, progress: Progress) -> TasksResult:
         return run_tasks(options, progress)
@@ -259,7 +283,7 @@ class TasksSuite(JsonSuite[TasksResult]):
             f"Produced by `polykv-agents bench tasks{_model_flag(result)}`.",
             body.replace("\n### ", "\n#### ").replace("\n## ", "\n### ").rstrip("\n"),
         ]
-        return Rendered(results=section)
+        return Rendered(results=section, blocks={"tasks": readme_table(result)})
 
     def render(self, results_dir: Path) -> Rendered | None:
         """The embedded model's ``tasks.json``, then every other model's, each in a folder of its own
@@ -268,8 +292,10 @@ class TasksSuite(JsonSuite[TasksResult]):
             JsonSuite.render(self, folder)
             for folder in (results_dir, *sorted(p.parent for p in results_dir.glob(f"*/{self.name}.json")))
         ]
-        sections = [line for r in rendered if r is not None for line in [*r.results, ""]]
-        return Rendered(results=sections[:-1]) if sections else None
+        rendered = [r for r in rendered if r is not None]
+        sections = [line for r in rendered for line in [*r.results, ""]]
+        blocks = {"tasks": "\n\n".join(r.blocks["tasks"] for r in rendered)}
+        return Rendered(results=sections[:-1], blocks=blocks) if rendered else None
 
 
 def _model_flag(result: TasksResult) -> str:

@@ -91,6 +91,7 @@ def test_results_name_a_local_model_by_its_file_name_and_render_each_model_in_it
     assert result.options["model"] == tiny_model_dir.rstrip("/").rsplit("/", 1)[-1]
     suite.SUITE.write(result, tmp_path)
     suite.SUITE.write(result, tmp_path / "second-model")
-    sections = suite.SUITE.render(tmp_path).results
-    headings = [line for line in sections if line.startswith("## ")]
-    assert len(headings) == 2 and f"--model {result.options['model']}" in "\n".join(sections)
+    rendered = suite.SUITE.render(tmp_path)
+    headings = [line for line in rendered.results if line.startswith("## ")]
+    assert len(headings) == 2 and f"--model {result.options['model']}" in "\n".join(rendered.results)
+    assert rendered.blocks["tasks"].count("| preset |") == 2
