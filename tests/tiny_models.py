@@ -180,6 +180,24 @@ def _family_configs() -> dict[str, PretrainedConfig]:
 FAMILIES = tuple(_family_configs())
 
 
+def tiny_gemma3() -> PreTrainedModel:
+    """A tiny random Gemma 3 text model (the second model family's architecture): sliding layers with a local
+    RoPE base, then one global layer (Gemma 3: five to one), q/k norms, one kv head of 256. Kept out of :data:`FAMILIES`
+    because moving keys (compose, blocks) refuses its per-layer-type RoPE."""
+    from transformers import Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=256, sliding_window=SLIDING_WINDOW, query_pre_attn_scalar=256,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"], **_IDS,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config).eval()
+    model.generation_config.eos_token_id = 2
+    model.generation_config.pad_token_id = 0
+    return model
+
+
 def tiny_causal_lm(family: str, *, seed: int = 0) -> PreTrainedModel:
     """A tiny random-initialised model of ``family`` (one of :data:`FAMILIES`), in fp32, no download."""
     torch.manual_seed(seed)

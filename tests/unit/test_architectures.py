@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 import transformers
-from tiny_models import FAMILIES, SLIDING_WINDOW, tiny_causal_lm
+from tiny_models import FAMILIES, SLIDING_WINDOW, tiny_causal_lm, tiny_gemma3
 
 from polykv_agents import CompressionConfig, GenerationSettings, PooledAgent, SharedKVPool
 from polykv_agents.eval.perplexity import perplexity_deltas
@@ -179,6 +179,18 @@ def test_concurrent_agents_over_a_pool_longer_than_the_window_each_reproduce_pla
         answers = list(executor.map(lambda q: pooled_greedy(agent, q), QUESTIONS))
     for question, answer in zip(QUESTIONS, answers, strict=True):
         assert answer == plain_greedy(model, torch.cat([pool.token_ids, agent.prompt_ids(question)]), NEW_TOKENS)
+
+
+@pytest.mark.parametrize("runtime", ["private", "decompressed", "compressed"])
+def test_gemma3_over_a_pool_of_three_windows_reproduces_plain_generation(runtime, tiny_tok):
+    """Gemma 3's mix (local layers and a global one, each kind with its own RoPE base) over a pool longer
+    than its window: what the second model family exercises at real scale (``bench tasks --model``)."""
+    model = tiny_gemma3()
+    pool = SharedKVPool.prefill(model, tiny_tok, LONG_DOC, config=CompressionConfig.full_precision())
+    agent = PooledAgent(pool, model, tiny_tok, runtime=runtime)
+    ids = torch.cat([pool.token_ids, agent.prompt_ids(QUESTIONS[2])])
+    assert pool.num_tokens > 2 * SLIDING_WINDOW and model.config.layer_types.count("full_attention") == 1
+    assert pooled_greedy(agent, QUESTIONS[2]) == plain_greedy(model, ids, NEW_TOKENS)
 
 
 def test_perplexity_past_the_sliding_window_is_measured_and_full_precision_changes_nothing(tiny_tok):
