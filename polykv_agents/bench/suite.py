@@ -133,16 +133,22 @@ class TableSuite(Generic[OptionsT]):
         return self._writer()(result, out_dir)
 
     def render(self, results_dir: Path) -> Rendered | None:
+        """The embedded model's results, then each other model's (``--out benchmarks/results/<model>``: a folder
+        of its own), each a section of docs/RESULTS.md; the blocks come from the embedded model's."""
         path = results_dir / f"{self.name}.json"
         if not path.exists():
             return None
         result = SuiteResult.load(path)
         self.write(result, results_dir)  # a new presentation needs no new measurement
         markdown = (results_dir / f"{self.name}.md").read_text()
-        return Rendered(
-            results=results_section(markdown, self.command or f"polykv-agents bench {self.name}"),
-            blocks=self.blocks(result) if self.blocks is not None else {},
-        )
+        command = self.command or f"polykv-agents bench {self.name}"
+        sections = results_section(markdown, command)
+        for other in sorted(results_dir.glob(f"*/{self.name}.json")):
+            their = SuiteResult.load(other)
+            self.write(their, other.parent)
+            heading, *body = results_section((other.parent / f"{self.name}.md").read_text(), command)
+            sections += ["", f"{heading}, {their.info.model}", *body]
+        return Rendered(results=sections, blocks=self.blocks(result) if self.blocks is not None else {})
 
 
 class JsonSuite(Generic[ResultT]):

@@ -117,3 +117,15 @@ def test_bad_suite_options_are_one_error_line(tmp_path):
     result = runner.invoke(app, ["bench", "memory", "--document", str(tmp_path / "missing.txt")])
     assert result.exit_code == 1
     assert "error:" in result.stderr and "document" in result.stderr and "Traceback" not in result.output
+
+
+def test_another_models_results_in_their_own_folder_render_as_a_section_of_their_own(tmp_path):
+    shutil.copy(RESULTS / "quality.json", tmp_path / "quality.json")
+    (tmp_path / "second-model").mkdir()
+    other = json.loads((RESULTS / "quality.json").read_text())
+    other["info"]["model"] = "second-model"
+    (tmp_path / "second-model" / "quality.json").write_text(json.dumps(other))
+    sections = SUITES["quality"].render(tmp_path).results
+    headings = [line for line in sections if line.startswith("## ")]
+    assert len(headings) == 2 and headings[1].endswith(", second-model")
+    assert (tmp_path / "second-model" / "quality.md").exists()
