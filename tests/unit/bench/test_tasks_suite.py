@@ -20,6 +20,7 @@ def test_unknown_tasks_and_presets_are_refused_with_the_choices():
 def test_full_precision_is_always_the_first_preset_scored():
     assert TasksOptions(configs=["max", "full", "default"]).configs == ["full", "max", "default"]
     assert TasksOptions(configs=[]).configs == ["full"]
+    assert TasksOptions().configs == ["full", "default", "paper", "max"]
 
 
 def _answer(item: int, config: str, score: float, task: str = "niah_single", context: int = 512) -> TaskAnswer:
@@ -95,3 +96,9 @@ def test_results_name_a_local_model_by_its_file_name_and_render_each_model_in_it
     headings = [line for line in rendered.results if line.startswith("## ")]
     assert len(headings) == 2 and f"--model {result.options['model']}" in "\n".join(rendered.results)
     assert rendered.blocks["tasks"].count("| preset |") == 2
+
+
+def test_reworded_answers_count_the_items_whose_text_differs_from_full_precision():
+    answers = [_answer(0, "full", 1.0), _answer(0, "max", 1.0), _answer(1, "full", 0.0), _answer(1, "max", 0.0)]
+    answers[1] = answers[1].model_copy(update={"answer": "the same fact, other words"})
+    assert suite.reworded_answers(answers, "max", 512) == 1
