@@ -13,6 +13,7 @@ reason.
 
 from __future__ import annotations
 
+import inspect
 import weakref
 
 import torch
@@ -41,6 +42,12 @@ def rotary_embedding(model: PreTrainedModel) -> torch.nn.Module:
         )
         raise ValueError(msg)
     module = modules[0]
+    if "layer_type" in inspect.signature(module.forward).parameters:
+        msg = (
+            f"{type(model).__name__} rotates keys differently by layer type (local and global RoPE bases), which "
+            "moving cached keys does not implement yet; prefill the documents as one instead"
+        )
+        raise ValueError(msg)
     rope_type = getattr(module, "rope_type", "default")
     if rope_type not in MOVABLE_ROPE_TYPES:
         msg = (
