@@ -147,6 +147,8 @@ class TableSuite(Generic[OptionsT]):
             their = SuiteResult.load(other)
             self.write(their, other.parent)
             heading, *body = results_section((other.parent / f"{self.name}.md").read_text(), command)
+            here = f"](../benchmarks/results/{other.parent.name}/"  # its plots are in its own folder
+            body = [line.replace("](../benchmarks/results/", here) for line in body]
             sections += ["", f"{heading}, {their.info.model}", *body]
         return Rendered(results=sections, blocks=self.blocks(result) if self.blocks is not None else {})
 

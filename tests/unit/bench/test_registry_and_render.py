@@ -128,4 +128,6 @@ def test_another_models_results_in_their_own_folder_render_as_a_section_of_their
     sections = SUITES["quality"].render(tmp_path).results
     headings = [line for line in sections if line.startswith("## ")]
     assert len(headings) == 2 and headings[1].endswith(", second-model")
+    their_part = "\n".join(sections[sections.index(headings[1]) :])
+    assert "](../benchmarks/results/second-model/quality_ppl_vs_context.png)" in their_part
     assert (tmp_path / "second-model" / "quality.md").exists()
