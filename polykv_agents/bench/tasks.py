@@ -221,7 +221,7 @@ def render_markdown(result: TasksResult) -> str:
         return markdown_table(shaped, columns)
 
     by_context = summary_rows(result.answers, "context")
-    by_task = summary_rows([a for a in result.answers], "task")
+    by_task = summary_rows(result.answers, "task")
     contexts = sorted({a.context for a in result.answers})
     tasks = list(dict.fromkeys(a.task for a in result.answers))
     parts = [

@@ -91,8 +91,9 @@ def load_model_uncached(
 def _load(
     name_or_path: str | None, dtype: torch.dtype | None, device: str, weights: Weights
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    if name_or_path is None or name_or_path == DEFAULT_MODEL or str(name_or_path).endswith(".gguf"):
-        gguf = embedded_model_file() if name_or_path in (None, DEFAULT_MODEL) else _gguf_file(name_or_path)
+    embedded = name_or_path in (None, DEFAULT_MODEL)
+    if embedded or str(name_or_path).endswith(".gguf"):
+        gguf = embedded_model_file() if embedded else _gguf_file(name_or_path)
         # De-quantised to fp32 (transformers' fastest GGUF path), then cast below.
         source, kwargs, load_dtype = str(gguf.parent), {"gguf_file": gguf.name}, torch.float32
     else:
@@ -115,7 +116,7 @@ def _load(
     model.to(device=device, dtype=dtype)
     model.eval()
     quantize_weights(model, weights)  # after the cast: scales are stored in the model's dtype
-    if name_or_path in (None, DEFAULT_MODEL):  # not the GGUF file's folder, whichever way it was asked for
+    if embedded:  # not the GGUF file's folder, whichever way it was asked for
         model.config.name_or_path = DEFAULT_MODEL
     elif str(name_or_path).endswith(".gguf"):
         model.config.name_or_path = Path(name_or_path).stem

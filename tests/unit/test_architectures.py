@@ -67,9 +67,13 @@ def test_uncompressed_pool_reproduces_plain_generation(family, runtime, tiny_tok
 @pytest.mark.parametrize("family", FAMILIES)
 def test_concurrent_agents_each_reproduce_plain_generation(family, tiny_tok):
     """Batched rows of different prompt lengths (left padding), each past the window at its own step."""
-    model = model_of(family)
-    pool = SharedKVPool.prefill(model, tiny_tok, DOC, config=CompressionConfig.full_precision())
-    agent = PooledAgent(pool, model, tiny_tok)
+    assert_concurrent_agents_reproduce_plain_generation(model_of(family), tiny_tok, DOC)
+
+
+def assert_concurrent_agents_reproduce_plain_generation(model, tokenizer, document: str) -> None:
+    """Every question at once over one uncompressed pool of ``document``: each answer is plain ``generate``'s."""
+    pool = SharedKVPool.prefill(model, tokenizer, document, config=CompressionConfig.full_precision())
+    agent = PooledAgent(pool, model, tokenizer)
     with ThreadPoolExecutor(len(QUESTIONS)) as executor:
         answers = list(executor.map(lambda q: pooled_greedy(agent, q), QUESTIONS))
     for question, answer in zip(QUESTIONS, answers, strict=True):
@@ -172,13 +176,7 @@ def test_a_document_longer_than_the_sliding_window_is_pooled_whole_and_exact(fam
 
 @pytest.mark.parametrize("family", ["mistral", "gemma2"])
 def test_concurrent_agents_over_a_pool_longer_than_the_window_each_reproduce_plain_generation(family, tiny_tok):
-    model = model_of(family)
-    pool = SharedKVPool.prefill(model, tiny_tok, LONG_DOC, config=CompressionConfig.full_precision())
-    agent = PooledAgent(pool, model, tiny_tok)
-    with ThreadPoolExecutor(len(QUESTIONS)) as executor:
-        answers = list(executor.map(lambda q: pooled_greedy(agent, q), QUESTIONS))
-    for question, answer in zip(QUESTIONS, answers, strict=True):
-        assert answer == plain_greedy(model, torch.cat([pool.token_ids, agent.prompt_ids(question)]), NEW_TOKENS)
+    assert_concurrent_agents_reproduce_plain_generation(model_of(family), tiny_tok, LONG_DOC)
 
 
 @pytest.mark.parametrize("runtime", ["private", "decompressed", "compressed"])

@@ -35,6 +35,10 @@ class Haystack:
         """Tokens of each sentence, with the space that joins it to the next."""
         return [len(ids) + 1 for ids in self.tokenizer(self.sentences, add_special_tokens=False).input_ids]
 
+    @cached_property
+    def _total(self) -> int:
+        return sum(self._counts)
+
     def tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False).input_ids)
 
@@ -42,8 +46,8 @@ class Haystack:
         """Consecutive sentences from a random start (wrapping around) holding about ``budget`` tokens; the last
         one cut after as many words as still fit, as RULER cuts its haystack to the length."""
         counts = self._counts
-        if budget >= sum(counts):
-            msg = f"the filler corpus holds about {sum(counts)} tokens, fewer than the {budget} asked for"
+        if budget >= self._total:
+            msg = f"the filler corpus holds about {self._total} tokens, fewer than the {budget} asked for"
             raise ValueError(msg)
         index, taken, chosen = rng.randrange(len(counts)), 0, []
         while taken + counts[index] <= budget:
