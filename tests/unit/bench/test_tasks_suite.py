@@ -99,6 +99,7 @@ def test_results_name_a_local_model_by_its_file_name_and_render_each_model_in_it
 
 
 def test_reworded_answers_count_the_items_whose_text_differs_from_full_precision():
-    answers = [_answer(0, "full", 1.0), _answer(0, "max", 1.0), _answer(1, "full", 0.0), _answer(1, "max", 0.0)]
-    answers[1] = answers[1].model_copy(update={"answer": "the same fact, other words"})
+    answers = [_answer(item, config, 1.0) for item in range(3) for config in ("full", "max")]
+    answers[1] = answers[1].model_copy(update={"answer": "the same fact, other words"})  # item 0's max answer
     assert suite.reworded_answers(answers, "max", 512) == 1
+    assert suite.reworded_answers(answers, "max", 1024) == 0  # no items at that length
