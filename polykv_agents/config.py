@@ -217,6 +217,45 @@ class TurboQuantCodecConfig(CodecConfig):
         return f"tq{self.bits}{suffix}"
 
 
+class CenteredTurboQuantCodecConfig(CodecConfig):
+    """TurboQuant of what is left after the outliers every KV tensor has: builds a ``CenteredTurboQuantCodec``.
+
+    The first ``sink_tokens`` tokens (attention sinks, far from every other vector) are stored as they
+    are; the per-channel mean over the other tokens is stored and removed; what remains is normalised,
+    rotated and Lloyd–Max quantised as by ``turboquant``, with ``norm_bits``-bit norms. For keys,
+    ``before_rope`` compresses them before their rotary position embedding, where a channel keeps one
+    orientation for every token, so the mean removes its offset (after RoPE it spins with the position).
+    """
+
+    supported_bits: ClassVar[tuple[int, ...]] = (2, 3, 4)  # Lloyd–Max codebooks computed for these
+
+    method: Literal["centered_turboquant"] = "centered_turboquant"
+    bits: int = 3
+    """Bits per stored coordinate."""
+
+    sink_tokens: int = Field(default=4, ge=0)
+    """Leading tokens stored in the model's dtype: attention sinks, whose vectors are unlike the rest."""
+
+    norm_bits: Literal[8, 16] = 8
+    """Bits per vector norm: 16 (fp16), or 8 (log-spaced between each head's smallest and largest norm)."""
+
+    before_rope: bool = False
+    """Keys only: remove the rotary position embedding before compressing and apply it again when decoding."""
+
+    @classmethod
+    def codec_class(cls) -> type[TensorCodec]:
+        from polykv_agents.codecs.centered_turboquant import CenteredTurboQuantCodec
+
+        return CenteredTurboQuantCodec
+
+    def codec_kwargs(self, seed: int) -> dict[str, Any]:
+        return {**super().codec_kwargs(seed), "seed": seed}
+
+    def label(self) -> str:
+        suffix = "/pre-rope" if self.before_rope else ""
+        return f"ctq{self.bits}{suffix}"
+
+
 class FullPrecisionCodecConfig(CodecConfig):
     """Stored as the model produced it; builds a ``FullPrecisionCodec``."""
 
@@ -244,7 +283,8 @@ class FullPrecisionCodecConfig(CodecConfig):
 
 # The registry of codecs: a new codec adds its config class here (and its codec module).
 AnyCodecConfig = Annotated[
-    IntCodecConfig | TurboQuantCodecConfig | FullPrecisionCodecConfig, Field(discriminator="method")
+    IntCodecConfig | TurboQuantCodecConfig | CenteredTurboQuantCodecConfig | FullPrecisionCodecConfig,
+    Field(discriminator="method"),
 ]
 """Any codec's config, chosen by ``method``: the type of ``CompressionConfig.keys`` and ``values``."""
 
@@ -297,6 +337,13 @@ class CompressionConfig(BaseModel):
             )
             raise ValueError(msg)
         return seed
+
+    @model_validator(mode="after")
+    def _rope_is_on_keys_only(self) -> CompressionConfig:
+        if getattr(self.values, "before_rope", False):
+            msg = "values carry no rotary position embedding: before_rope=True applies to the key codec only"
+            raise ValueError(msg)
+        return self
 
     @classmethod
     def paper(cls) -> CompressionConfig:

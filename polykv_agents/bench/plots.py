@@ -86,6 +86,33 @@ def ablation_deltas(rows: Sequence[dict], context: int):
     return figure
 
 
+def frontier(rows: Sequence[dict], front: Sequence[str], budget_pct: float, target_ratio: float):
+    """Perplexity delta (mean, 95% CI) against bits per element, one colour per context; the Pareto front joined."""
+    figure, axis = plt.subplots(figsize=(7.5, 5))
+    for index, context in enumerate(sorted({r["context_tokens"] for r in rows})):
+        points = [r for r in rows if r["context_tokens"] == context]
+        bits = [16 / r["compression_ratio_vs_fp16"] for r in points]
+        means = [r["delta_pct_mean"] for r in points]
+        errors = [[m - r["delta_pct_ci_low"] for m, r in zip(means, points, strict=True)],
+                  [r["delta_pct_ci_high"] - m for m, r in zip(means, points, strict=True)]]  # fmt: skip
+        axis.errorbar(bits, means, yerr=errors, fmt="o", color=f"C{index}", capsize=3, label=f"{context} tokens")
+        on_front = sorted((16 / r["compression_ratio_vs_fp16"], r["delta_pct_mean"]) for r in points
+                          if r["config"] in front)  # fmt: skip
+        axis.plot([b for b, _ in on_front], [d for _, d in on_front], "-", color=f"C{index}", alpha=0.6)
+        for bit, mean, row in zip(bits, means, points, strict=True):
+            axis.annotate(row["config_label"], (bit, mean), fontsize=6, xytext=(4, 2), textcoords="offset points")
+    axis.axhline(budget_pct, color="C3", linestyle="--", linewidth=0.9, label=f"+{budget_pct:.0f}% bound")
+    axis.axvline(16 / target_ratio, color="C2", linestyle=":", linewidth=0.9, label=f"{target_ratio:.0f}x vs fp16")
+    axis.axhline(0, color="black", linewidth=0.8)
+    axis.set_yscale("symlog", linthresh=1)
+    axis.set_xlabel("bits per element, measured (16 / ratio vs fp16; scales, norms, sinks included)")
+    axis.set_ylabel("perplexity delta vs full precision (%), symlog")
+    axis.set_title("Compression frontier: pool size against perplexity")
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=8)
+    return figure
+
+
 def review_stages(rows: Sequence[dict]):
     """The review's time per stage, one stacked bar per (context, method) that ran it."""
     stages = ("prefetch_s", "planner_s", "specialist_s", "critic_s", "summarizer_s")

@@ -16,6 +16,7 @@ from polykv_agents.bench import (
     blocks,
     compiled,
     dtypes,
+    frontier,
     grammar_overhead,
     graph_e2e,
     load_soak,
@@ -33,8 +34,8 @@ from polykv_agents.bench import (
 from polykv_agents.bench.suite import Suite
 
 _MODULES = (
-    memory, quality, tasks, speed, dtypes, weights, compiled, step_profile, admission, reuse, blocks, ablation, peer,
-    agents, graph_e2e, peers, load_soak, grammar_overhead, ray_scale_out,
+    memory, quality, tasks, speed, dtypes, weights, compiled, step_profile, admission, reuse, blocks, ablation,
+    frontier, peer, agents, graph_e2e, peers, load_soak, grammar_overhead, ray_scale_out,
 )  # fmt: skip
 SUITES: dict[str, Suite] = {module.SUITE.name: module.SUITE for module in _MODULES}
 """Suite name -> suite (a documented registry: filled once, here, never changed at run time)."""

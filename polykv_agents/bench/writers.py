@@ -177,6 +177,41 @@ def write_ablation(result: SuiteResult, out_dir: Path) -> list[Path]:
     return write_suite(result, out_dir, title="Ablation", columns=columns, figures=figures, notes=notes)
 
 
+def write_frontier(result: SuiteResult, out_dir: Path) -> list[Path]:
+    summary = result.summary
+    front = set(summary["pareto_front"])
+    columns = [
+        column("config", "config"),
+        column("codecs", "config_label"),
+        column("context", "context_tokens"),
+        column("x vs fp16", "compression_ratio_vs_fp16", "{:.2f}"),
+        Column("bits per element", lambda r: f"{16 / r['compression_ratio_vs_fp16']:.2f}"),
+        Column("PPL delta, mean [95% CI]", _pct_interval),
+        Column("range", _pct_range),
+        Column("on the front", lambda r: "yes" if r["config"] in front else ""),
+    ]
+    budget, target = summary["budget_pct"], summary["target_ratio"]
+    smallest = summary["smallest_within_budget"]
+    verdict = (
+        f"The smallest config whose mean delta is <= +{budget:.0f}% at every context: **{smallest}** "
+        f"({summary['smallest_within_budget_ratio']:.2f}x vs fp16)"
+        if smallest
+        else f"No config's mean delta is within +{budget:.0f}% at every context"
+    )
+    verdict += (
+        f"; a pool >= {target:.0f}x smaller than fp16 within that bound: "
+        f"{'found' if summary['target_met'] else 'not found'}."
+    )
+    notes = [
+        verdict,
+        "Pareto front (no other config has both a smaller pool and a smaller worst-context delta), "
+        f"largest pool first: {', '.join(summary['pareto_front'])}. Bits per element: 16 / (x vs fp16), "
+        "scales, norms, means and sink tokens included, all from measured pool bytes.",
+    ]
+    figures = {"ppl_vs_bytes": plots.frontier(result.rows, summary["pareto_front"], budget, target)}
+    return write_suite(result, out_dir, title="Compression frontier", columns=columns, figures=figures, notes=notes)
+
+
 def _value(key: str, value: float) -> str:
     if key.endswith("nbytes") or key.startswith(("kv_bytes", "rss")):
         return f"{value / MIB:,.1f} MiB"
@@ -444,6 +479,7 @@ WRITERS = {
     "quality": write_quality,
     "speed": write_speed,
     "ablation": write_ablation,
+    "frontier": write_frontier,
     "peer": write_peer,
     "peers": write_peers,
 }

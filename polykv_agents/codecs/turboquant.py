@@ -53,7 +53,6 @@ class TurboQuantCodec:
         if x.dim() != 4:
             msg = f"expected a [batch, kv_heads, tokens, head_dim] tensor, got shape {tuple(x.shape)}"
             raise ValueError(msg)
-        head_dim = x.shape[-1]
         x32 = x.float()
         norms = x32.norm(dim=-1, keepdim=True)  # [b, h, t, 1]
         norms16 = norms.squeeze(-1).to(torch.float16)  # [b, h, t]: what decode will use
@@ -64,9 +63,6 @@ class TurboQuantCodec:
             )
             raise ValueError(msg)
         unit = x32 / norms.clamp_min(torch.finfo(torch.float32).tiny)
-        rotation = self._rotation(head_dim, x.device)
-        rotated = unit if rotation is None else unit @ rotation  # [b, h, t, d]
-        codes = quantize_to_codes(rotated * math.sqrt(head_dim), self.boundaries.to(x.device))
         return EncodedTensor(
             codec=self.name,
             shape=tuple(x.shape),
@@ -77,15 +73,27 @@ class TurboQuantCodec:
                 "rotation": self.rotation,
                 "random_signs": self.random_signs,
             },
-            tensors={"codes": pack_codes(codes, self.bits), "norms": norms16},
+            tensors={"codes": self.quantize_directions(unit), "norms": norms16},
         )
 
     def decode(self, enc: EncodedTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-        head_dim = enc.shape[-1]
-        packed = enc.tensors["codes"]
-        codes = unpack_codes(packed, self.bits, enc.numel).view(enc.shape)
-        rotated = codes_to_values(codes, self.centroids.to(packed.device)) / math.sqrt(head_dim)  # [b, h, t, d]
-        rotation = self._rotation(head_dim, packed.device)
-        unit = rotated if rotation is None else rotated @ rotation.T
+        unit = self.dequantize_directions(enc.tensors["codes"], enc.shape)
         out = unit * enc.tensors["norms"].float().unsqueeze(-1)
         return out.to(dtype or enc.torch_dtype)
+
+    def quantize_directions(self, unit: torch.Tensor) -> torch.Tensor:
+        """Bit-packed codes of unit vectors ``unit [..., head_dim]`` (float32): rotated, scaled to N(0, 1)
+        coordinates, each coordinate's nearest Lloyd–Max centroid."""
+        head_dim = unit.shape[-1]
+        rotation = self._rotation(head_dim, unit.device)
+        rotated = unit if rotation is None else unit @ rotation  # [..., d]
+        codes = quantize_to_codes(rotated * math.sqrt(head_dim), self.boundaries.to(unit.device))
+        return pack_codes(codes, self.bits)
+
+    def dequantize_directions(self, packed: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        """The float32 unit vectors ``[*shape]`` that :meth:`quantize_directions` packed (approximately)."""
+        head_dim = shape[-1]
+        codes = unpack_codes(packed, self.bits, int(torch.Size(shape).numel())).view(shape)
+        rotated = codes_to_values(codes, self.centroids.to(packed.device)) / math.sqrt(head_dim)  # [..., d]
+        rotation = self._rotation(head_dim, packed.device)
+        return rotated if rotation is None else rotated @ rotation.T

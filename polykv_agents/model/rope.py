@@ -19,6 +19,8 @@ import weakref
 import torch
 from transformers import PreTrainedModel
 
+from polykv_agents.codecs.rotary import rotate_half_apply
+
 _ROTARY: weakref.WeakKeyDictionary[PreTrainedModel, torch.nn.Module] = weakref.WeakKeyDictionary()
 """Each model's rotary module, found once: keys are moved per layer and per block."""
 
@@ -72,8 +74,38 @@ def move_keys(model: PreTrainedModel, keys: torch.Tensor, shift: int) -> torch.T
     scaling = float(getattr(module, "attention_scaling", 1.0))
     cos, sin = cos[0] / scaling, sin[0] / scaling  # [1, rotary_dim]: R(shift), no extra scaling
     rotary_dim = cos.shape[-1]
-    rotated, passed = keys[..., :rotary_dim].float(), keys[..., rotary_dim:]
-    half = rotary_dim // 2
-    rotate_half = torch.cat([-rotated[..., half:], rotated[..., :half]], dim=-1)
-    moved = rotated * cos + rotate_half * sin
-    return torch.cat([moved.to(keys.dtype), passed], dim=-1)
+    moved = rotate_half_apply(keys[..., :rotary_dim].float(), cos, sin)
+    return torch.cat([moved.to(keys.dtype), keys[..., rotary_dim:]], dim=-1)
+
+
+def rope_frequencies(model: PreTrainedModel, layer_idx: int) -> torch.Tensor:
+    """The rotary frequencies ``inv_freq [rotary_dim / 2]`` (float32, CPU) that rotated layer ``layer_idx``'s keys.
+
+    Models that rotate by layer type (Gemma 3: local and global RoPE bases) give the frequencies of that
+    layer's type.
+
+    Raises:
+        ValueError: The model has no rotary embedding, or one whose rotation depends on the sequence length.
+    """
+    modules = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+    if not modules:
+        msg = (
+            f"{type(model).__name__} has no rotary position embedding, so its keys cannot be compressed before "
+            "RoPE; use a key codec with before_rope=False"
+        )
+        raise ValueError(msg)
+    module = modules[0]
+    rope_type = getattr(module, "rope_type", "default")
+    inv_freq = getattr(module, "inv_freq", None)
+    if inv_freq is None:  # one rotation per layer type
+        layer_type = model.config.get_text_config().layer_types[layer_idx]
+        inv_freq = getattr(module, f"{layer_type}_inv_freq")
+        rope_type = rope_type[layer_type]
+    if rope_type not in MOVABLE_ROPE_TYPES:
+        msg = (
+            f"{type(model).__name__} uses RoPE type {rope_type!r}, whose rotation depends on the sequence length, "
+            f"so keys cannot be compressed before RoPE; use a key codec with before_rope=False "
+            f"(supported types: {sorted(MOVABLE_ROPE_TYPES)})"
+        )
+        raise ValueError(msg)
+    return inv_freq.detach().float().cpu().clone()

@@ -31,6 +31,7 @@ from polykv_agents.model.architecture import check_causal_lm
 from polykv_agents.model.compat import cache_from_key_values, layer_key_values
 from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.model.fingerprint import DTYPE_FREE_FIELDS, ModelFingerprint, check_same_model, model_fingerprint
+from polykv_agents.model.rope import rope_frequencies
 from polykv_agents.pool.documents import Document, tokenize_document
 from polykv_agents.pool.memory import MemoryReport
 from polykv_agents.pool.prefill import DEFAULT_CHUNK_SIZE, prefill_cache
@@ -76,10 +77,16 @@ def pool_digest(
     return h.hexdigest()
 
 
-def _encode_layer(keys: torch.Tensor, values: torch.Tensor, key_codec, value_codec) -> tuple[EncodedLayer, int]:
-    """One cache layer compressed, and the fp16 bytes it would take (measured on a real fp16 copy)."""
+def _encode_layer(
+    keys: torch.Tensor, values: torch.Tensor, key_codec, value_codec, key_rope_inv_freq: torch.Tensor | None
+) -> tuple[EncodedLayer, int]:
+    """One cache layer compressed, and the fp16 bytes it would take (measured on a real fp16 copy).
+    ``key_rope_inv_freq``: the layer's rotary frequencies, for a key codec that compresses before RoPE."""
     fp16_nbytes = keys.to(torch.float16).nbytes + values.to(torch.float16).nbytes
-    return EncodedLayer(keys=key_codec.encode(keys), values=value_codec.encode(values)), fp16_nbytes
+    encoded_keys = (
+        key_codec.encode(keys) if key_rope_inv_freq is None else key_codec.encode(keys, rope_inv_freq=key_rope_inv_freq)
+    )
+    return EncodedLayer(keys=encoded_keys, values=value_codec.encode(values)), fp16_nbytes
 
 
 class SharedKVPool:
@@ -209,7 +216,7 @@ class SharedKVPool:
         num_tokens = token_ids.numel()
         layers, fp16_nbytes, model_dtype_nbytes = [], 0, 0
         with torch.inference_mode():
-            for keys, values in layer_key_values(cache):
+            for layer_idx, (keys, values) in enumerate(layer_key_values(cache)):
                 if keys.shape[-2] != num_tokens:
                     msg = (
                         f"a cache layer kept {keys.shape[-2]} of the document's {num_tokens} tokens (a "
@@ -219,7 +226,10 @@ class SharedKVPool:
                     raise ValueError(msg)
                 model_dtype_nbytes += keys.nbytes + values.nbytes
                 # One layer at a time on the compute thread: running agents' steps interleave with it.
-                layer, layer_fp16_nbytes = run_on_compute_thread(_encode_layer, keys, values, key_codec, value_codec)
+                inv_freq = rope_frequencies(model, layer_idx) if getattr(config.keys, "before_rope", False) else None
+                layer, layer_fp16_nbytes = run_on_compute_thread(
+                    _encode_layer, keys, values, key_codec, value_codec, inv_freq
+                )
                 fp16_nbytes += layer_fp16_nbytes
                 layers.append(layer)
         pool = cls(
