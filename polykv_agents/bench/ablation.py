@@ -65,8 +65,11 @@ FACTORS: dict[str, tuple[str, CompressionConfig]] = {
 
 
 def seed_dependent(config: CompressionConfig) -> bool:
-    """Whether the seed changes anything: a TurboQuant codec with randomised signs."""
-    return any(c.method == "turboquant" and c.rotation and c.random_signs for c in (config.keys, config.values))
+    """Whether the seed changes anything: a TurboQuant codec (plain or centered) with randomised signs."""
+    return any(
+        c.method == "centered_turboquant" or (c.method == "turboquant" and c.rotation and c.random_signs)
+        for c in (config.keys, config.values)
+    )
 
 
 def run_ablation_suite(

@@ -10,8 +10,10 @@ import threading
 import pytest
 import torch
 
-from polykv_agents import CompressionConfig, GenerationSettings, PooledAgent, SharedKVPool, load_model
+from polykv_agents import CodecConfig, CompressionConfig, GenerationSettings, PooledAgent, SharedKVPool, load_model
+from polykv_agents.model.compat import layer_key_values
 from polykv_agents.model.weights import quantize_weights
+from polykv_agents.pool.prefill import prefill_cache
 
 pytestmark = pytest.mark.real_model
 
@@ -181,3 +183,19 @@ def test_a_critic_with_reuse_blocks_reads_a_real_specialists_finding_moved(smoll
     assert moved.response_metadata["reused_tokens"] == moved.response_metadata["block_tokens"]
     assert moved.text.strip()
     engine.close()
+
+
+def test_on_the_real_model_keys_before_rope_lose_less_than_plain_turboquant(smollm, sample_document):
+    model, tokenizer = smollm
+    plain = CompressionConfig(keys=CodecConfig(method="turboquant", bits=3))
+    centered = CompressionConfig(keys=CodecConfig(method="centered_turboquant", bits=3, before_rope=True))
+    token_ids = tokenizer(sample_document, return_tensors="pt").input_ids[0][:768]
+    cache, _ = prefill_cache(model, token_ids)
+    pools = {name: SharedKVPool.from_cache(model, tokenizer, cache, token_ids, config=config)
+             for name, config in (("plain", plain), ("centered", centered))}  # fmt: skip
+    errors = {name: [] for name in pools}
+    for index, (keys, _values) in enumerate(layer_key_values(cache)):
+        for name, pool in pools.items():
+            decoded, _ = pool.decompress_layer(index, dtype=torch.float32)
+            errors[name].append(float((decoded - keys.float()).norm() / keys.float().norm()))
+    assert sum(errors["centered"]) < 0.8 * sum(errors["plain"])

@@ -228,3 +228,23 @@ def test_other_configs_go_through_the_same_object(tiny_model, tiny_tok):
         for c in (CompressionConfig(), both_tq, int8_values)
     }
     assert sizes["K:tq4 V:tq3"] < sizes["K:int8/channel V:tq3"] < sizes["K:int8/channel V:int8/token"]
+
+
+CENTERED_PRE_ROPE = CompressionConfig(
+    keys=CodecConfig(method="centered_turboquant", bits=4, before_rope=True), values=CompressionConfig().values
+)
+
+
+def test_keys_compressed_before_rope_carry_each_layers_own_frequencies(tiny_tok):
+    from tiny_models import tiny_gemma3
+
+    from polykv_agents.model.rope import rope_frequencies
+
+    model = tiny_gemma3()  # sliding layers rotate with a local base, the global layer with another
+    pool = SharedKVPool.prefill(model, tiny_tok, DOC, config=CENTERED_PRE_ROPE)
+    cache, _ = prefill_cache(model, pool.token_ids)
+    for index, (keys, _values) in enumerate(layer_key_values(cache)):
+        assert torch.equal(pool.layers[index].keys.tensors["rope_inv_freq"], rope_frequencies(model, index))
+        decoded, _ = pool.decompress_layer(index, dtype=torch.float32)
+        assert torch.equal(decoded[:, :, :4], keys[:, :, :4])  # sinks as they were
+        assert float((decoded - keys).norm() / keys.norm()) < 0.15

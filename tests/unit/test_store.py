@@ -30,6 +30,10 @@ CONFIGS = {
     "full-precision": CompressionConfig.full_precision(),
     "tq4-keys": CompressionConfig(keys=CodecConfig(method="turboquant", bits=4)),
     "int4-token-keys": CompressionConfig.from_options(key_bits=4, key_granularity="token", value_bits=2, seed=7),
+    "centered-pre-rope": CompressionConfig(
+        keys=CodecConfig(method="centered_turboquant", bits=3, before_rope=True),
+        values=CodecConfig(method="centered_turboquant", bits=2, norm_bits=16, sink_tokens=0),
+    ),
 }
 
 
