@@ -19,6 +19,7 @@ def test_the_front_keeps_only_points_no_other_beats_on_both() -> None:
     points = [("big-good", 2.8, 0.3), ("mid-bad", 4.0, 2.0), ("mid-good", 4.3, 0.9), ("small", 5.1, 1.6),
               ("tie-worse", 4.3, 1.0)]  # fmt: skip
     assert pareto_front(points) == ["big-good", "mid-good", "small"]
+    assert pareto_front([("one", 4.0, 1.0), ("same", 4.0, 1.0)]) == ["one", "same"]  # equal points beat neither
 
 
 def test_the_summary_judges_each_config_by_its_worst_context() -> None:
