@@ -36,7 +36,7 @@ def _tq(bits: int) -> CodecConfig:
 
 CONFIGS: dict[str, CompressionConfig] = {
     "default": CompressionConfig(),
-    "max": CompressionConfig.max_compression(),
+    "keys tq4, values tq3": CompressionConfig(keys=_tq(4), values=_tq(3)),
     "keys tq4, values tq2": CompressionConfig(keys=_tq(4), values=_tq(2)),
     "keys tq3, values tq3": CompressionConfig(keys=_tq(3), values=_tq(3)),
     "keys ctq4 pre-RoPE, values ctq3": CompressionConfig(keys=_ctq(4, before_rope=True), values=_ctq(3)),
@@ -47,7 +47,8 @@ CONFIGS: dict[str, CompressionConfig] = {
     "keys ctq3 pre-RoPE, values ctq2": CompressionConfig(keys=_ctq(3, before_rope=True), values=_ctq(2)),
     "keys ctq2 pre-RoPE, values ctq2": CompressionConfig(keys=_ctq(2, before_rope=True), values=_ctq(2)),
 }
-"""Config name -> config at seed 0, from largest to smallest pool (roughly)."""
+"""Config name -> config at seed 0, from largest to smallest pool (roughly). Named by their codecs (``default``
+aside), so that a name keeps meaning the same pool when a preset is re-decided."""
 
 
 class FrontierOptions(SweepOptions):
