@@ -66,19 +66,24 @@ class PooledAgent:
     def __repr__(self) -> str:
         return f"PooledAgent(name={self.name!r}, pool={self.pool.digest[:12]})"
 
-    def prompt_ids(self, question: str) -> torch.Tensor:
-        """Token ids ``[n]`` of the agent's turns that follow the pool's prefix."""
+    def prompt_ids(self, question: str, *, answer_prefix: str | None = None) -> torch.Tensor:
+        """Token ids ``[n]`` of the agent's turns that follow the pool's prefix; with ``answer_prefix``, they end
+        inside the answer, which starts with that text (a partial assistant turn the model continues)."""
         if not isinstance(question, str) or not question.strip():
             msg = "the question is empty; pass the text the agent should answer"
             raise ValueError(msg)
-        return encode_prompt(
-            self.tokenizer, agent_turns(self.system_prompt, question), prefix_messages=self.pool.prefix_messages
-        )
+        turns = agent_turns(self.system_prompt, question)
+        if answer_prefix:
+            turns.append({"role": "assistant", "content": answer_prefix})
+        return encode_prompt(self.tokenizer, turns, prefix_messages=self.pool.prefix_messages)
 
-    def generate_ids(self, question: str, settings: GenerationSettings | None = None) -> Iterator[int]:
+    def generate_ids(
+        self, question: str, settings: GenerationSettings | None = None, *, answer_prefix: str | None = None
+    ) -> Iterator[int]:
         """Generated token ids, one at a time (EOS excluded). Stop sequences are applied on text,
         by :meth:`stream`/:meth:`generate`, not here."""
-        return generate_token_ids(self._request(question, settings or GenerationSettings()), self._backend())
+        request = self._request(question, settings or GenerationSettings(), answer_prefix)
+        return generate_token_ids(request, self._backend())
 
     def stream(
         self,
@@ -89,6 +94,7 @@ class PooledAgent:
         top_p: float = 1.0,
         seed: int | None = None,
         stop: Sequence[str] | str | None = None,
+        answer_prefix: str | None = None,
     ) -> Iterator[str]:
         """Yield the answer as text pieces as they are decoded.
 
@@ -99,14 +105,17 @@ class PooledAgent:
             top_p: Nucleus sampling mass.
             seed: Sampling seed (reproducible samples).
             stop: Stop sequences; the answer ends before the first one.
+            answer_prefix: Text the answer starts with, continued by the model and not yielded (RULER's answer
+                prefixes; a way to steer a base model's format).
         """
         settings = GenerationSettings(
             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop
         )
-        return generate_text(self._request(question, settings), self._backend())
+        return generate_text(self._request(question, settings, answer_prefix), self._backend())
 
-    def _request(self, question: str, settings: GenerationSettings) -> DecodeRequest:
-        return DecodeRequest(self.model, self.tokenizer, self.prompt_ids(question), settings, pool=self.pool)
+    def _request(self, question: str, settings: GenerationSettings, answer_prefix: str | None = None) -> DecodeRequest:
+        prompt = self.prompt_ids(question, answer_prefix=answer_prefix)
+        return DecodeRequest(self.model, self.tokenizer, prompt, settings, pool=self.pool)
 
     def _backend(self) -> Backend:
         return self.engine.backend(self.runtime)

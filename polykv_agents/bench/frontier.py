@@ -20,7 +20,7 @@ from polykv_agents.bench.ablation import MAX_PRESET_BUDGET_PCT, run_ablation_sui
 from polykv_agents.bench.output import Progress, SuiteResult
 from polykv_agents.bench.suite import TableSuite, load_model_for
 from polykv_agents.bench.sweep import SweepOptions
-from polykv_agents.config import CodecConfig, CompressionConfig
+from polykv_agents.config import PRESETS, CodecConfig, CompressionConfig
 
 TARGET_RATIO = 5.0
 """The compression the frontier is asked to reach within the bound (issue: a pool >= 5x smaller than fp16)."""
@@ -49,6 +49,11 @@ CONFIGS: dict[str, CompressionConfig] = {
 }
 """Config name -> config at seed 0, from largest to smallest pool (roughly). Named by their codecs (``default``
 aside), so that a name keeps meaning the same pool when a preset is re-decided."""
+
+
+def config_named(name: str) -> CompressionConfig:
+    """A preset (``default``, ``max``, ...) or one of :data:`CONFIGS` by name."""
+    return CompressionConfig.preset(name) if name in PRESETS else CONFIGS[name]
 
 
 class FrontierOptions(SweepOptions):

@@ -6,7 +6,8 @@ with its own document (the independent samples). Per item:
 
   document -> pooled as the graphs' prefetch node pools it (its shared system message, then the document)
            -> one prefill, every preset compressed from that same cache (``full`` is the uncompressed reference)
-           -> per preset, a fact-finder role asks the item's question, greedy, at most the task's token budget
+           -> per preset, a fact-finder role asks the item's question, greedy, at most the task's token budget,
+              its answer started with RULER's answer prefix for the task (the model continues it)
            -> scored against the item's references: string match (RULER) and token F1
 
 Every answer is kept in the JSON; the Markdown's intervals are 95% t-intervals over items, and the delta of a
@@ -26,7 +27,7 @@ from pydantic import BaseModel, Field, field_validator
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress, column, markdown_table
 from polykv_agents.bench.suite import JsonSuite, Rendered, SuiteOptions, load_model_for
-from polykv_agents.config import PRESETS, CompressionConfig
+from polykv_agents.config import PRESETS
 
 FACT_FINDER_PROMPT = (
     "You are the fact finder. You answer questions about the document exactly, with its own words and numbers, "
@@ -55,7 +56,8 @@ class TasksOptions(SuiteOptions):
     configs: list[str] = Field(
         default=["default", "paper", "max"], validate_default=True, json_schema_extra={"flag": "--config"}
     )
-    """Compression presets to score (repeatable); the uncompressed reference is always scored too."""
+    """Compression presets or `bench frontier` configs to score (repeatable); the uncompressed reference is
+    always scored too."""
     seed: int = 0
     """Seed of the items: the same seed, contexts and items give the same documents and questions."""
     model: str | None = None
@@ -73,9 +75,14 @@ class TasksOptions(SuiteOptions):
     @field_validator("configs")
     @classmethod
     def _known_presets(cls, configs: list[str]) -> list[str]:
-        unknown = sorted(set(configs) - set(PRESETS))
+        from polykv_agents.bench.frontier import CONFIGS
+
+        unknown = sorted(set(configs) - set(PRESETS) - set(CONFIGS))
         if unknown:
-            msg = f"unknown compression preset(s) {unknown}; choose among {', '.join(PRESETS)}"
+            msg = (
+                f"unknown compression preset(s) {unknown}; choose among the presets {', '.join(PRESETS)} or the "
+                f"frontier's configs: {', '.join(map(repr, CONFIGS))}"
+            )
             raise ValueError(msg)
         return [REFERENCE, *dict.fromkeys(c for c in configs if c != REFERENCE)]
 
@@ -118,6 +125,7 @@ def answer_item(model, tokenizer, item, configs: Sequence[str]) -> list[tuple[st
     """``(config, pool tokens, compression ratio, answer)`` per preset: one prefill, every preset compressed
     from that cache, the fact finder's greedy answer over each pool."""
     from polykv_agents.agent import PooledAgent
+    from polykv_agents.bench.frontier import config_named
     from polykv_agents.pool.documents import tokenize_document
     from polykv_agents.pool.prefill import prefill_cache
     from polykv_agents.pool.shared_pool import SharedKVPool
@@ -127,12 +135,12 @@ def answer_item(model, tokenizer, item, configs: Sequence[str]) -> list[tuple[st
     answers = []
     for name in configs:
         pool = SharedKVPool.from_cache(
-            model, tokenizer, cache, token_ids, config=CompressionConfig.preset(name), prefix_messages=prefix_messages
+            model, tokenizer, cache, token_ids, config=config_named(name), prefix_messages=prefix_messages
         )
         # The private runtime: one call over its own pool needs no scheduler (the batched one decodes the same
         # greedy tokens; tests/unit/runtime check that equivalence).
         agent = PooledAgent(pool, model, tokenizer, system_prompt=FACT_FINDER_PROMPT, runtime="private")
-        answer = agent.generate(item.question, max_new_tokens=item.max_new_tokens)
+        answer = agent.generate(item.question, max_new_tokens=item.max_new_tokens, answer_prefix=item.answer_prefix)
         answers.append((name, pool.num_tokens, pool.compression_ratio, answer))
     return answers
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -53,6 +55,24 @@ def test_agent_turns_follow_the_chat_prefix_as_natural_turns(tiny_model, tiny_to
         "<|im_start|>system\nYou are the planner.<|im_end|>\n"
         f"<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+def test_an_answer_prefix_ends_the_prompt_inside_the_answer_and_is_continued(tiny_model, tiny_tok):
+    prefix = "The answer is"
+    chat_pool = SharedKVPool.prefill(tiny_model, tiny_tok, [{"role": "user", "content": DOC}])
+    agent = PooledAgent(chat_pool, tiny_model, tiny_tok, system_prompt="You are the planner.")
+    suffix = tiny_tok.decode(agent.prompt_ids(QUESTION, answer_prefix=prefix))
+    assert suffix.endswith(f"<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n{prefix}")
+    base_tok = copy.deepcopy(tiny_tok)
+    base_tok.chat_template = None  # a base model: the plain User/Assistant format
+    text_pool = SharedKVPool.prefill(tiny_model, base_tok, DOC, config=CompressionConfig.full_precision())
+    plain = PooledAgent(text_pool, tiny_model, base_tok)
+    assert base_tok.decode(plain.prompt_ids(QUESTION, answer_prefix=prefix)).endswith(f"\nAssistant: {prefix}")
+    # what is generated continues the prefix, exactly as plain generate over the same ids would
+    ids = plain.prompt_ids(QUESTION, answer_prefix=prefix)
+    reference = base_tok.decode(plain_generate(tiny_model, torch.cat([text_pool.token_ids, ids]), 12))
+    assert plain.generate(QUESTION, max_new_tokens=12, answer_prefix=prefix) == reference
+    assert reference != plain.generate(QUESTION, max_new_tokens=12)
 
 
 def test_stream_pieces_join_to_generate(tiny_model, tiny_tok):

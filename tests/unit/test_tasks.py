@@ -165,3 +165,13 @@ def test_a_qa_document_never_repeats_a_paragraph(haystack):
     item = qa_module.qa_item("qa_toy", dataset, haystack, 2048, random.Random(0))
     shown = [block.split(":\n", 1)[1] for block in item.document.split("\n\n")]
     assert sorted(shown) == sorted(paragraphs)  # room for more than all twelve: each once, the gold one included
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_every_answer_prefix_starts_the_answer_without_giving_it_away(haystack, task):
+    item = TASKS[task](haystack, 2048, random.Random(5))
+    assert item.answer_prefix.strip()
+    assert not any(reference.lower() in item.answer_prefix.lower() for reference in item.answers)
+    if task.startswith("niah"):  # RULER's prefix names the key that the question asks about
+        key = re.search(r"for (\S+) mentioned", item.question).group(1)
+        assert f"for {key} mentioned" in item.answer_prefix

@@ -33,6 +33,9 @@ class TaskItem:
     metric: Metric
     max_new_tokens: int
     """Tokens an answer may take: enough for every reference, as RULER's per-task budgets."""
+    answer_prefix: str
+    """How the answer starts (RULER's answer prefix, after its ``Answer:``): the model continues it, so a base
+    model answers instead of repeating the question. It is not part of the scored answer."""
 
 
 def string_match(prediction: str, answers: Sequence[str], metric: Metric) -> float:

@@ -23,6 +23,7 @@ QA_QUESTION = (
     "Answer the question based on the given documents. Only give me the answer and do not output any other "
     "words.\n\nQuestion: {question}"
 )
+QA_ANSWER = "Answer:"
 
 FILL_ATTEMPTS = 32
 """Distractors drawn in a row that do not fit before a document counts as full."""
@@ -100,7 +101,7 @@ def qa_item(name: str, dataset: QADataset, haystack: Haystack, context_tokens: i
         taken, misses = taken + cost, 0
     rng.shuffle(chosen)
     document = "\n\n".join(f"Document {n}:\n{dataset.paragraphs[i]}" for n, i in enumerate(chosen, 1))
-    return TaskItem(name, document, QA_QUESTION.format(question=question), answers, "part", 32)
+    return TaskItem(name, document, QA_QUESTION.format(question=question), answers, "part", 32, QA_ANSWER)
 
 
 def qa_squad(haystack: Haystack, context_tokens: int, rng: random.Random) -> TaskItem:

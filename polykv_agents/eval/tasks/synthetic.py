@@ -38,6 +38,13 @@ NEEDLE_QUESTION = "What is the special magic number for {key} mentioned in the p
 MULTIVALUE_QUESTION = "What are all the special magic numbers for {key} mentioned in the provided text?"
 VARIABLE_QUESTION = "Find all variables that are assigned the value {value} in the text above."
 COMMON_WORDS_QUESTION = "What are the {count} most common words in the above list?"
+NEEDLE_ANSWER = "The special magic number for {key} mentioned in the provided text is"
+MULTIVALUE_ANSWER = "The special magic numbers for {key} mentioned in the provided text are"
+VARIABLE_ANSWER = (
+    "According to the chain(s) of variable assignment in the text above, {count} variables are assigned the value "
+    "{value}, they are:"
+)
+COMMON_WORDS_ANSWER = "The top {count} words that appear most often in the list are:"
 
 
 def magic_number(rng: random.Random) -> str:
@@ -54,7 +61,9 @@ def niah_single(haystack: Haystack, context_tokens: int, rng: random.Random) -> 
     """One needle in the filler; its number is asked for."""
     (key,), value = magic_keys(rng, 1), magic_number(rng)
     document = haystack.document([NEEDLE.format(key=key, value=value)], context_tokens, rng)
-    return TaskItem("niah_single", document, NEEDLE_QUESTION.format(key=key), (value,), "all", 32)
+    return TaskItem(
+        "niah_single", document, NEEDLE_QUESTION.format(key=key), (value,), "all", 32, NEEDLE_ANSWER.format(key=key)
+    )
 
 
 def niah_multikey(haystack: Haystack, context_tokens: int, rng: random.Random, keys: int = 4) -> TaskItem:
@@ -64,7 +73,10 @@ def niah_multikey(haystack: Haystack, context_tokens: int, rng: random.Random, k
     needles = [NEEDLE.format(key=k, value=v) for k, v in zip(names, values, strict=True)]
     asked = rng.randrange(keys)
     document = haystack.document(needles, context_tokens, rng)
-    return TaskItem("niah_multikey", document, NEEDLE_QUESTION.format(key=names[asked]), (values[asked],), "all", 32)
+    return TaskItem(
+        "niah_multikey", document, NEEDLE_QUESTION.format(key=names[asked]), (values[asked],), "all", 32,
+        NEEDLE_ANSWER.format(key=names[asked]),
+    )  # fmt: skip
 
 
 def niah_multivalue(haystack: Haystack, context_tokens: int, rng: random.Random, values: int = 4) -> TaskItem:
@@ -72,7 +84,10 @@ def niah_multivalue(haystack: Haystack, context_tokens: int, rng: random.Random,
     (key,) = magic_keys(rng, 1)
     numbers = [magic_number(rng) for _ in range(values)]
     document = haystack.document([NEEDLE.format(key=key, value=v) for v in numbers], context_tokens, rng)
-    return TaskItem("niah_multivalue", document, MULTIVALUE_QUESTION.format(key=key), tuple(numbers), "all", 64)
+    return TaskItem(
+        "niah_multivalue", document, MULTIVALUE_QUESTION.format(key=key), tuple(numbers), "all", 64,
+        MULTIVALUE_ANSWER.format(key=key),
+    )  # fmt: skip
 
 
 def variable_tracking(haystack: Haystack, context_tokens: int, rng: random.Random, hops: int = 4) -> TaskItem:
@@ -86,7 +101,10 @@ def variable_tracking(haystack: Haystack, context_tokens: int, rng: random.Rando
     value = str(rng.randrange(10_000, 100_000))
     chain = [f"VAR {names[0]} = {value}."] + [f"VAR {b} = VAR {a}." for a, b in itertools.pairwise(names)]
     document = haystack.document(chain, context_tokens, rng)
-    return TaskItem("variable_tracking", document, VARIABLE_QUESTION.format(value=value), tuple(names), "all", 48)
+    return TaskItem(
+        "variable_tracking", document, VARIABLE_QUESTION.format(value=value), tuple(names), "all", 48,
+        VARIABLE_ANSWER.format(count=len(names), value=value),
+    )  # fmt: skip
 
 
 @cache
@@ -113,7 +131,10 @@ def common_words(
     words = frequent * common + others[: (entries - count * common) // rare] * rare
     rng.shuffle(words)
     document = "\n".join(f"{i}. {word}" for i, word in enumerate(words, 1))
-    return TaskItem("common_words", document, COMMON_WORDS_QUESTION.format(count=count), tuple(frequent), "all", 64)
+    return TaskItem(
+        "common_words", document, COMMON_WORDS_QUESTION.format(count=count), tuple(frequent), "all", 64,
+        COMMON_WORDS_ANSWER.format(count=count),
+    )  # fmt: skip
 
 
 Generator = Callable[[Haystack, int, random.Random], TaskItem]

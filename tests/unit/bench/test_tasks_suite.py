@@ -13,8 +13,9 @@ from polykv_agents.bench.tasks import TaskAnswer, TasksOptions, run_tasks, summa
 def test_unknown_tasks_and_presets_are_refused_with_the_choices():
     with pytest.raises(ValidationError, match="niah_single"):
         TasksOptions(tasks=["needle"])
-    with pytest.raises(ValidationError, match="choose among default"):
+    with pytest.raises(ValidationError, match="choose among the presets default.*'keys tq4, values tq3'"):
         TasksOptions(configs=["tiny"])
+    assert TasksOptions(configs=["keys tq4, values tq3"]).configs == ["full", "keys tq4, values tq3"]
 
 
 def test_full_precision_is_always_the_first_preset_scored():
@@ -73,11 +74,12 @@ def test_a_real_pool_answers_through_the_fact_finder(tiny_model, tiny_tok):
     from polykv_agents.eval.tasks import TaskItem
 
     item = TaskItem("niah_single", "The magic number is 1234567. " * 20, "What is the magic number?", ("1234567",),
-                    "all", 4)  # fmt: skip
-    answers = suite.answer_item(tiny_model, tiny_tok, item, ["full", "max"])
-    assert [config for config, *_ in answers] == ["full", "max"]
-    (_, tokens, full_ratio, _), (_, _, max_ratio, _) = answers
-    assert tokens > 100 and max_ratio > full_ratio
+                    "all", 4, "The magic number is")  # fmt: skip
+    smallest = "keys ctq3 pre-RoPE, values ctq3"  # a frontier config, by name
+    answers = suite.answer_item(tiny_model, tiny_tok, item, ["full", "max", smallest])
+    assert [config for config, *_ in answers] == ["full", "max", smallest]
+    (_, tokens, full_ratio, _), (_, _, max_ratio, _), (_, _, smallest_ratio, _) = answers
+    assert tokens > 100 and smallest_ratio > max_ratio > full_ratio
     assert all(isinstance(answer, str) for *_, answer in answers)
 
 
