@@ -13,7 +13,7 @@ from polykv_agents.bench.tasks import TaskAnswer, TasksOptions, run_tasks, summa
 def test_unknown_tasks_and_presets_are_refused_with_the_choices():
     with pytest.raises(ValidationError, match="niah_single"):
         TasksOptions(tasks=["needle"])
-    with pytest.raises(ValidationError, match="choose among the presets default.*'keys tq4, values tq3'"):
+    with pytest.raises(ValidationError, match=r"choose among the presets default.*'keys tq4, values tq3'"):
         TasksOptions(configs=["tiny"])
     assert TasksOptions(configs=["keys tq4, values tq3"]).configs == ["full", "keys tq4, values tq3"]
 
