@@ -113,6 +113,26 @@ def frontier(rows: Sequence[dict], front: Sequence[str], budget_pct: float, targ
     return figure
 
 
+def task_score_vs_bytes(rows: Sequence[dict], model: str):
+    """Task score (mean, 95% CI over items) against measured bits per element, one colour per context."""
+    figure, axis = plt.subplots(figsize=(7.5, 4.5))
+    for index, context in enumerate(sorted({r["context"] for r in rows})):
+        points = sorted((r for r in rows if r["context"] == context), key=lambda r: -r["ratio"])
+        bits = [16 / r["ratio"] for r in points]
+        means = [r["score"]["mean"] for r in points]
+        errors = [[m - r["score"]["low"] for m, r in zip(means, points, strict=True)],
+                  [r["score"]["high"] - m for m, r in zip(means, points, strict=True)]]  # fmt: skip
+        axis.errorbar(bits, means, yerr=errors, fmt="o-", color=f"C{index}", capsize=3, label=f"{context:,} tokens")
+        for bit, mean, row in zip(bits, means, points, strict=True):
+            axis.annotate(row["config"], (bit, mean), fontsize=6, xytext=(4, 2), textcoords="offset points")
+    axis.set_xlabel("bits per element, measured (16 / ratio vs fp16)")
+    axis.set_ylabel("task score, points (RULER string match)")
+    axis.set_title(f"Finding the fact against pool size: {model}")
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=8)
+    return figure
+
+
 def review_stages(rows: Sequence[dict]):
     """The review's time per stage, one stacked bar per (context, method) that ran it."""
     stages = ("prefetch_s", "planner_s", "specialist_s", "critic_s", "summarizer_s")

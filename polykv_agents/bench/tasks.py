@@ -292,6 +292,9 @@ class TasksSuite(JsonSuite[TasksResult]):
     def run(self, options: TasksOptions, progress: Progress) -> TasksResult:
         return run_tasks(options, progress)
 
+    def write(self, result: TasksResult, out_dir: Path) -> list[Path]:
+        return [*super().write(result, out_dir), _write_plot(result, out_dir)]
+
     def markdown(self, result: TasksResult) -> str:
         return render_markdown(result)
 
@@ -308,14 +311,31 @@ class TasksSuite(JsonSuite[TasksResult]):
     def render(self, results_dir: Path) -> Rendered | None:
         """The embedded model's ``tasks.json``, then every other model's, each in a folder of its own
         (``--out benchmarks/results/<model>``), one section each."""
-        rendered = [
-            JsonSuite.render(self, folder)
-            for folder in (results_dir, *sorted(p.parent for p in results_dir.glob(f"*/{self.name}.json")))
-        ]
-        rendered = [r for r in rendered if r is not None]
+        rendered = []
+        for folder in (results_dir, *sorted(p.parent for p in results_dir.glob(f"*/{self.name}.json"))):
+            one = JsonSuite.render(self, folder)
+            if one is None:
+                continue
+            plot = _write_plot(self.result_type.model_validate_json((folder / f"{self.name}.json").read_text()), folder)
+            link = "/".join(["..", "benchmarks", "results", *plot.relative_to(results_dir).parts])
+            one.results.append(f"\n![{plot.stem}]({link})")
+            rendered.append(one)
         sections = [line for r in rendered for line in [*r.results, ""]]
         blocks = {"tasks": "\n\n".join(r.blocks["tasks"] for r in rendered)}
         return Rendered(results=sections[:-1], blocks=blocks) if rendered else None
+
+
+def _write_plot(result: TasksResult, out_dir: Path) -> Path:
+    """``tasks_score_vs_bytes.png``: each config's mean score (95% CI) against its measured bits per element."""
+    import matplotlib.pyplot as plt
+
+    from polykv_agents.bench import plots
+
+    path = out_dir / "tasks_score_vs_bytes.png"
+    figure = plots.task_score_vs_bytes(summary_rows(result.answers, "context"), result.run_info.model)
+    figure.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(figure)
+    return path
 
 
 def _model_flag(result: TasksResult) -> str:

@@ -98,6 +98,13 @@ def test_results_name_a_local_model_by_its_file_name_and_render_each_model_in_it
     headings = [line for line in rendered.results if line.startswith("## ")]
     assert len(headings) == 2 and f"--model {result.options['model']}" in "\n".join(rendered.results)
     assert rendered.blocks["tasks"].count("| preset |") == 2
+    # each model's score-against-bytes plot, in its own folder, linked from its own section
+    assert (tmp_path / "tasks_score_vs_bytes.png").exists() and (
+        tmp_path / "second-model/tasks_score_vs_bytes.png"
+    ).exists()
+    text = "\n".join(rendered.results)
+    assert "(../benchmarks/results/tasks_score_vs_bytes.png)" in text
+    assert "(../benchmarks/results/second-model/tasks_score_vs_bytes.png)" in text
 
 
 def test_reworded_answers_count_the_items_whose_text_differs_from_full_precision():
