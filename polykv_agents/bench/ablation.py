@@ -163,7 +163,7 @@ def _measure(options: AblationOptions, progress: Progress) -> SuiteResult:
     )
 
 
-def _pct_interval(row: dict) -> str:
+def pct_interval(row: dict) -> str:
     return f"{row['delta_pct_mean']:+.2f}% [{row['delta_pct_ci_low']:+.2f}, {row['delta_pct_ci_high']:+.2f}]"
 
 
@@ -178,7 +178,7 @@ def readme_blocks(result: SuiteResult) -> dict[str, str]:
         "|---|---:|" + "---:|" * len(contexts),
     ]
     for name, rows in by_config.items():
-        cells = " | ".join(_pct_interval(rows[c]) for c in contexts)
+        cells = " | ".join(pct_interval(rows[c]) for c in contexts)
         lines.append(f"| {name} | {rows[contexts[0]]['compression_ratio_vs_fp16']:.2f}x | {cells} |")
     summary = result.summary
     documents = result.settings["documents"]

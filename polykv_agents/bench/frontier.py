@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from polykv_agents.bench.ablation import MAX_PRESET_BUDGET_PCT, run_ablation_suite
+from polykv_agents.bench.ablation import MAX_PRESET_BUDGET_PCT, pct_interval, run_ablation_suite
 from polykv_agents.bench.output import Progress, SuiteResult
 from polykv_agents.bench.suite import TableSuite, load_model_for
 from polykv_agents.bench.sweep import SweepOptions
@@ -112,9 +112,43 @@ def _measure(options: FrontierOptions, progress: Progress) -> SuiteResult:
     )
 
 
+def readme_blocks(result: SuiteResult) -> dict[str, str]:
+    """The README's frontier table: each config's size and worst-context delta, and whether it is on the front."""
+    summary = result.summary
+    front = set(summary["pareto_front"])
+    lines = [
+        "| config | codecs | x vs fp16 | bits per element | "
+        + " | ".join(f"PPL delta at {c:,}, mean [95% CI]" for c in result.settings["contexts"])
+        + " | on the front |",
+        "|---|---|---:|---:|" + "---:|" * len(result.settings["contexts"]) + "---|",
+    ]
+    by_config: dict[str, dict[int, dict]] = {}
+    for row in result.rows:
+        by_config.setdefault(row["config"], {})[row["context_tokens"]] = row
+    for name, rows in by_config.items():
+        first = rows[result.settings["contexts"][0]]
+        cells = " | ".join(pct_interval(rows[c]) for c in result.settings["contexts"])
+        ratio = first["compression_ratio_vs_fp16"]
+        lines.append(
+            f"| {name} | `{first['config_label']}` | {ratio:.2f}x | {16 / ratio:.2f} | {cells} | "
+            f"{'yes' if name in front else ''} |"
+        )
+    smallest = summary["smallest_within_budget"]
+    lines += [
+        "",
+        f"{result.info.model} ({result.info.dtype}), {result.settings['documents']} texts x "
+        f"{len(result.settings['seeds'])} rotation seeds (`polykv-agents bench frontier`). Smallest within "
+        f"+{summary['budget_pct']:.0f}%: "
+        + (f"**{smallest}** ({summary['smallest_within_budget_ratio']:.2f}x)" if smallest else "none")
+        + f"; >= {summary['target_ratio']:.0f}x within it: {'yes' if summary['target_met'] else 'no'}.",
+    ]
+    return {"frontier": "\n".join(lines)}
+
+
 SUITE = TableSuite(
     "frontier",
     "Pool bytes against perplexity delta: presets, smaller codec combinations, centered TurboQuant; Pareto front.",
     FrontierOptions,
     _measure,
+    blocks=readme_blocks,
 )
