@@ -49,3 +49,18 @@ def test_the_suite_runs_every_config_on_a_tiny_model_and_renders(tiny_model_dir,
     names = [path.name for path in write_frontier(result, tmp_path)]
     assert names == ["frontier.json", "frontier.md", "frontier_ppl_vs_bytes.png"]
     assert "Pareto front" in (tmp_path / "frontier.md").read_text()
+
+
+def test_the_readme_block_lists_every_config_with_its_worst_and_the_verdict() -> None:
+    from polykv_agents.bench.environment import RunInfo
+    from polykv_agents.bench.frontier import readme_blocks
+    from polykv_agents.bench.output import SuiteResult
+
+    rows = [_row("a", 2.8, 0.2), _row("c", 4.4, 0.9), _row("b", 5.2, 1.3)]
+    info = RunInfo.model_construct(model="M", dtype="bfloat16")
+    result = SuiteResult(suite="frontier", info=info, settings={"contexts": [2048], "documents": 5, "seeds": [0, 1]},
+                         rows=rows, summary=summarize(rows))  # fmt: skip
+    block = readme_blocks(result)["frontier"]
+    assert [line.split(" | ")[0] for line in block.splitlines()[2:5]] == ["| a", "| c", "| b"]
+    assert "| b | `b` | 5.20x | 3.08 | +1.30% [+0.80, +1.80] | yes |" in block
+    assert "Smallest within +1%: **c** (4.40x); >= 5x within it: no." in block
