@@ -100,7 +100,8 @@ def frontier(rows: Sequence[dict], front: Sequence[str], budget_pct: float, targ
                           if r["config"] in front)  # fmt: skip
         axis.plot([b for b, _ in on_front], [d for _, d in on_front], "-", color=f"C{index}", alpha=0.6)
         for bit, mean, row in zip(bits, means, points, strict=True):
-            axis.annotate(row["config_label"], (bit, mean), fontsize=6, xytext=(4, 2), textcoords="offset points")
+            if row["config"] in front:  # the others crowd the 3.2-bit column; the table names them
+                axis.annotate(row["config_label"], (bit, mean), fontsize=6, xytext=(4, 2), textcoords="offset points")
     axis.axhline(budget_pct, color="C3", linestyle="--", linewidth=0.9, label=f"+{budget_pct:.0f}% bound")
     axis.axvline(16 / target_ratio, color="C2", linestyle=":", linewidth=0.9, label=f"{target_ratio:.0f}x vs fp16")
     axis.axhline(0, color="black", linewidth=0.8)
