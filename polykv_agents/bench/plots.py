@@ -86,7 +86,7 @@ def ablation_deltas(rows: Sequence[dict], context: int):
     return figure
 
 
-def frontier(rows: Sequence[dict], front: Sequence[str], budget_pct: float, target_ratio: float):
+def frontier(rows: Sequence[dict], front: Sequence[str], budget_pct: float, target_ratio: float, model: str):
     """Perplexity delta (mean, 95% CI) against bits per element, one colour per context; the Pareto front joined."""
     figure, axis = plt.subplots(figsize=(7.5, 5))
     for index, context in enumerate(sorted({r["context_tokens"] for r in rows})):
@@ -108,7 +108,7 @@ def frontier(rows: Sequence[dict], front: Sequence[str], budget_pct: float, targ
     axis.set_yscale("symlog", linthresh=1)
     axis.set_xlabel("bits per element, measured (16 / ratio vs fp16; scales, norms, sinks included)")
     axis.set_ylabel("perplexity delta vs full precision (%), symlog")
-    axis.set_title("Compression frontier: pool size against perplexity")
+    axis.set_title(f"Compression frontier: pool size against perplexity, {model}")
     axis.grid(True, alpha=0.3)
     axis.legend(fontsize=8)
     return figure

@@ -208,7 +208,7 @@ def write_frontier(result: SuiteResult, out_dir: Path) -> list[Path]:
         f"largest pool first: {', '.join(summary['pareto_front'])}. Bits per element: 16 / (x vs fp16), "
         "scales, norms, means and sink tokens included, all from measured pool bytes.",
     ]
-    figures = {"ppl_vs_bytes": plots.frontier(result.rows, summary["pareto_front"], budget, target)}
+    figures = {"ppl_vs_bytes": plots.frontier(result.rows, summary["pareto_front"], budget, target, result.info.model)}
     return write_suite(result, out_dir, title="Compression frontier", columns=columns, figures=figures, notes=notes)
 
 
