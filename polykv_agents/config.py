@@ -352,9 +352,13 @@ class CompressionConfig(BaseModel):
 
     @classmethod
     def max_compression(cls) -> CompressionConfig:
-        """The ``max`` preset: 4-bit TurboQuant keys and 3-bit TurboQuant values, the smallest pool the
-        ablation found within +1% perplexity at 2K and 4K tokens (benchmarks/results/ablation.json)."""
-        return cls(keys=TurboQuantCodecConfig(bits=4), values=TurboQuantCodecConfig(bits=3))
+        """The ``max`` preset: 4-bit centered TurboQuant keys compressed before RoPE and 3-bit centered TurboQuant
+        values. ``bench frontier`` measured it the smallest pool within +1% perplexity on SmolLM2-135M at 2K
+        tokens (4.36x), and better than 4-bit TurboQuant keys (the ``max`` of 0.1) on SmolLM2 and Gemma-3-270M at
+        the same size (benchmarks/results/frontier.json and gemma-3-270m-q4_k_m/frontier.json)."""
+        return cls(
+            keys=CenteredTurboQuantCodecConfig(bits=4, before_rope=True), values=CenteredTurboQuantCodecConfig(bits=3)
+        )
 
     @classmethod
     def preset(cls, name: str) -> CompressionConfig:
@@ -408,7 +412,7 @@ _PRESET_FACTORIES = {
 }
 PRESETS: tuple[str, ...] = tuple(_PRESET_FACTORIES)
 """Named configs: ``default`` (int8/channel keys, tq3 values), ``paper`` (int8/tensor keys, tq3
-values), ``max`` (tq4 keys, tq3 values), ``full`` (no compression)."""
+values), ``max`` (centered tq4 keys before RoPE, centered tq3 values), ``full`` (no compression)."""
 
 
 def compression_config(config: object) -> CompressionConfig:

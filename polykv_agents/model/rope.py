@@ -82,18 +82,15 @@ def rope_frequencies(model: PreTrainedModel, layer_idx: int) -> torch.Tensor:
     """The rotary frequencies ``inv_freq [rotary_dim / 2]`` (float32, CPU) that rotated layer ``layer_idx``'s keys.
 
     Models that rotate by layer type (Gemma 3: local and global RoPE bases) give the frequencies of that
-    layer's type.
+    layer's type. A model without rotary embeddings (GPT-2: positions added to the hidden states) rotates no
+    channel: its frequencies are empty, and its cached keys are already as they are before RoPE.
 
     Raises:
-        ValueError: The model has no rotary embedding, or one whose rotation depends on the sequence length.
+        ValueError: The model's rotation depends on the sequence length (dynamic NTK, LongRoPE).
     """
     modules = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
     if not modules:
-        msg = (
-            f"{type(model).__name__} has no rotary position embedding, so its keys cannot be compressed before "
-            "RoPE; use a key codec with before_rope=False"
-        )
-        raise ValueError(msg)
+        return torch.empty(0)
     module = modules[0]
     rope_type = getattr(module, "rope_type", "default")
     inv_freq = getattr(module, "inv_freq", None)

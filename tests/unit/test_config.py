@@ -217,7 +217,7 @@ def test_presets_are_what_their_names_promise():
     assert CompressionConfig.preset("default") == CompressionConfig()
     assert CompressionConfig.preset("paper").keys.granularity == "tensor"
     max_keys = CompressionConfig.preset("max").keys
-    assert (max_keys.method, max_keys.bits) == ("turboquant", 4)
+    assert (max_keys.method, max_keys.bits, max_keys.before_rope) == ("centered_turboquant", 4, True)
     assert CompressionConfig.preset("full").keys.method == "none"
 
 
@@ -298,13 +298,15 @@ def test_each_config_builds_its_codec(config: CodecConfig, codec_class: type, at
 
 def test_the_registration_lists_every_codec_once() -> None:
     """Methods, help text and decoding all read the one union; each codec's name is its method."""
-    assert CODEC_METHODS == ("int", "turboquant", "none")
+    assert CODEC_METHODS == ("int", "turboquant", "centered_turboquant", "none")
     assert [c.codec_class().name for c in CODEC_CONFIGS] == list(CODEC_METHODS)
     assert describe_codecs() == (
         "int (bits 2-8, default 8; granularity: tensor, channel, token); "
-        "turboquant (bits 2-4, default 3); none (bits 16)"
+        "turboquant (bits 2-4, default 3); centered_turboquant (bits 2-4, default 3; norm_bits: 8, 16); none (bits 16)"
     )
-    with pytest.raises(ValueError, match="unknown codec method 'zstd'; choose one of int, turboquant, none"):
+    with pytest.raises(
+        ValueError, match="unknown codec method 'zstd'; choose one of int, turboquant, centered_turboquant, none"
+    ):
         codec_config_class("zstd")
 
 
@@ -318,7 +320,8 @@ _FORMAT_1_DUMPS = {
     '"values":{"method":"turboquant","bits":3,"granularity":"channel","rotation":true,"random_signs":true},"seed":0}',
     "paper": '{"keys":{"method":"int","bits":8,"granularity":"tensor","rotation":true,"random_signs":true},'
     '"values":{"method":"turboquant","bits":3,"granularity":"channel","rotation":true,"random_signs":true},"seed":0}',
-    "max": '{"keys":{"method":"turboquant","bits":4,"granularity":"channel","rotation":true,"random_signs":true},'
+    "tq4 keys (max in 0.1)": '{"keys":{"method":"turboquant","bits":4,"granularity":"channel","rotation":true,'
+    '"random_signs":true},'
     '"values":{"method":"turboquant","bits":3,"granularity":"channel","rotation":true,"random_signs":true},"seed":0}',
     "full": '{"keys":{"method":"none","bits":16,"granularity":"channel","rotation":true,"random_signs":true},'
     '"values":{"method":"none","bits":16,"granularity":"channel","rotation":true,"random_signs":true},"seed":0}',
@@ -326,7 +329,7 @@ _FORMAT_1_DUMPS = {
 _FORMAT_2_DIGESTS = {
     "default": "8a8ee3bf6417a9948c7cef4f7a5712e9ad35034ffbd826524c59bc479f334640",
     "paper": "c7cf478fa7e9451ea640bdf16c8b81fe1030cfefa7ad592453d132f6ac7f5994",
-    "max": "406d11cc696b8ce92a9babc7744612d7bd5618be16e34b05dc3c022a156170a9",
+    "tq4 keys (max in 0.1)": "406d11cc696b8ce92a9babc7744612d7bd5618be16e34b05dc3c022a156170a9",
     "full": "98032737b687ffbae43e0c03bbad227414af1f9af3c1384617ed7e0bc6a58796",
 }
 _FINGERPRINT = ModelFingerprint(
@@ -335,19 +338,44 @@ _FINGERPRINT = ModelFingerprint(
 )  # fmt: skip
 
 
-@pytest.mark.parametrize("name", PRESETS)
+_PINNED_CONFIGS = {
+    "default": CompressionConfig.preset("default"),
+    "paper": CompressionConfig.preset("paper"),
+    "tq4 keys (max in 0.1)": CompressionConfig(
+        keys=TurboQuantCodecConfig(bits=4), values=TurboQuantCodecConfig(bits=3)
+    ),
+    "full": CompressionConfig.preset("full"),
+}
+"""The configs of the format-1 records: the presets of 0.1 (``max`` was re-decided in 0.2, a new config)."""
+
+
+@pytest.mark.parametrize("name", _PINNED_CONFIGS)
 def test_preset_dumps_and_digests_are_pinned(name: str) -> None:
-    """Each preset dumps exactly as before, so pools saved in this format keep their digests and file names."""
-    config = CompressionConfig.preset(name)
+    """Each config dumps exactly as before, so pools saved in this format keep their digests and file names."""
+    config = _PINNED_CONFIGS[name]
     assert config.model_dump_json() == _FORMAT_1_DUMPS[name]
     assert pool_digest(_FINGERPRINT, config, torch.arange(5), chat_prefix=False) == _FORMAT_2_DIGESTS[name]
 
 
-@pytest.mark.parametrize("name", PRESETS)
+def test_the_max_preset_of_0_2_is_pinned_in_its_own_codec_layout() -> None:
+    """Centered TurboQuant is not in the format-1 layout: its records carry its own fields only."""
+    config = CompressionConfig.preset("max")
+    assert config.model_dump_json() == (
+        '{"keys":{"method":"centered_turboquant","bits":4,"sink_tokens":4,"norm_bits":8,"before_rope":true},'
+        '"values":{"method":"centered_turboquant","bits":3,"sink_tokens":4,"norm_bits":8,"before_rope":false},'
+        '"seed":0}'
+    )
+    assert pool_digest(_FINGERPRINT, config, torch.arange(5), chat_prefix=False) == (
+        "9a7e7ed7e0ed7c5211a73d3c482c2c5eb1fa83f955295774e770783f7005e318"
+    )
+    assert CompressionConfig.model_validate_json(config.model_dump_json()) == config
+
+
+@pytest.mark.parametrize("name", _PINNED_CONFIGS)
 def test_a_format_1_record_reads_back_as_the_same_config(name: str) -> None:
     """The stored layout carries every codec's fields; read back, the inert ones are dropped."""
     config = CompressionConfig.model_validate_json(_FORMAT_1_DUMPS[name])
-    assert config == CompressionConfig.preset(name)
+    assert config == _PINNED_CONFIGS[name]
     assert CodecConfig(**config.values.model_dump()) == config.values
 
 

@@ -129,5 +129,19 @@ def test_rope_frequencies_follow_gemma3s_layer_types_and_gpt2_is_refused() -> No
     for layer, layer_type in enumerate(types):
         assert torch.equal(rope_frequencies(model, layer), getattr(rotary, f"{layer_type}_inv_freq").float())
     assert not torch.equal(rope_frequencies(model, 0), rope_frequencies(model, types.index("full_attention")))
+    assert rope_frequencies(tiny_causal_lm("gpt2"), 0).numel() == 0  # absolute positions: no channel rotated
+
+
+def test_keys_without_rope_are_left_as_they_are_by_empty_frequencies() -> None:
+    keys = _offset_tensor(tokens=20)
+    assert torch.equal(rotate_keys(keys, torch.empty(0), first_position=7), keys)
+    codec = CenteredTurboQuantCodec(4, before_rope=True)
+    plain = CenteredTurboQuantCodec(4)
+    assert torch.equal(codec.decode(codec.encode(keys, rope_inv_freq=torch.empty(0))), plain.decode(plain.encode(keys)))
+
+
+def test_a_rope_whose_rotation_depends_on_the_length_is_refused() -> None:
+    model = tiny_causal_lm("llama")
+    model.model.rotary_emb.rope_type = "dynamic"
     with pytest.raises(ValueError, match="before_rope=False"):
-        rope_frequencies(tiny_causal_lm("gpt2"), 0)
+        rope_frequencies(model, 0)
