@@ -166,11 +166,11 @@ def write_ablation(result: SuiteResult, out_dir: Path) -> list[Path]:
     notes = [
         "Each row keeps every (document, seed) sample in ablation.json. The interval and the range are over "
         "documents, each the mean of its seeds (deterministic configs: one seed), because the seeds of one "
-        f"document share its text and its reference. `max` preset rule: the smallest "
-        f"pool whose mean delta is <= +{summary['max_preset_budget_pct']:.0f}% at every context: "
+        f"document share its text and its reference. The smallest of these "
+        f"pools whose mean delta is <= +{summary['max_preset_budget_pct']:.0f}% at every context: "
         f"**{summary['max_preset']}** ({summary['max_preset_ratio_vs_fp16']:.2f}x vs fp16)."
         if summary.get("max_preset")
-        else "No config stayed within the `max` preset's budget.",
+        else "No config stayed within the +1% budget.",
         _inversion_verdict(summary.get("ppl_inversion_default", [])),
     ]
     figures = {f"{context}": plots.ablation_deltas(result.rows, context) for context in result.settings["contexts"]}
