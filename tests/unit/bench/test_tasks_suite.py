@@ -80,6 +80,14 @@ def test_a_real_pool_answers_through_the_fact_finder(tiny_model, tiny_tok):
     assert [config for config, *_ in answers] == ["full", "max", smallest]
     (_, tokens, full_ratio, _), (_, _, max_ratio, _), (_, _, smallest_ratio, _) = answers
     assert tokens > 100 and smallest_ratio > max_ratio > full_ratio
+    # the fact finder's answer continues the item's answer prefix
+    from polykv_agents import CompressionConfig, PooledAgent, SharedKVPool
+
+    pool = SharedKVPool.prefill(tiny_model, tiny_tok, suite.pool_document(tiny_tok, item.document),
+                                config=CompressionConfig.full_precision())  # fmt: skip
+    agent = PooledAgent(pool, tiny_model, tiny_tok, system_prompt=suite.FACT_FINDER_PROMPT, runtime="private")
+    assert answers[0][3] == agent.generate(item.question, max_new_tokens=4, answer_prefix=item.answer_prefix)
+    assert answers[0][3] != agent.generate(item.question, max_new_tokens=4)
     assert all(isinstance(answer, str) for *_, answer in answers)
 
 
