@@ -270,8 +270,8 @@ def readme_table(result: TasksResult) -> str:
         ]
         lines.append(f"| {config} | {cell[(config, contexts[0])]['ratio']:.2f}x | " + " | ".join(scores) + " |")
     items = result.options["items"]
-    reworded = ", ".join(
-        f"{config} {reworded_answers(result.answers, config, c)} at {c:,}" for config in configs[1:] for c in contexts
+    reworded = "; ".join(
+        f"{config}: {reworded_answers(result.answers, config, c)} at {c:,}" for config in configs[1:] for c in contexts
     )
     lines += ["", f"Answers worded differently from the full-precision answer (of {items} per context): {reworded}."]
     return (
