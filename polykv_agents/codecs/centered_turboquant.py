@@ -115,8 +115,10 @@ class CenteredTurboQuantCodec:
             raise ValueError(msg)
         if norms.shape[-2] == 0:  # every token is a sink
             return {"norm_codes": norms.squeeze(-1).to(torch.uint8), "norm_range": norms.new_zeros(*norms.shape[:2], 2)}
-        largest = norms.amax(dim=-2, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)  # [b, h, 1, 1]
-        log_norms = norms.clamp_min(largest * _SMALLEST_NORM_FRACTION).log2()
+        # The floor keeps log2 finite when a head's vectors all equal their mean (norm 0): tiny * 2**-24 underflows.
+        tiny = torch.finfo(torch.float32).tiny
+        floor = (norms.amax(dim=-2, keepdim=True) * _SMALLEST_NORM_FRACTION).clamp_min(tiny)  # [b, h, 1, 1]
+        log_norms = norms.clamp_min(floor).log2()
         low, high = log_norms.amin(dim=-2, keepdim=True), log_norms.amax(dim=-2, keepdim=True)
         step = (high - low).clamp_min(torch.finfo(torch.float32).eps) / _NORM_LEVELS
         codes = ((log_norms - low) / step).round().clamp(0, _NORM_LEVELS).to(torch.uint8)

@@ -145,3 +145,12 @@ def test_a_rope_whose_rotation_depends_on_the_length_is_refused() -> None:
     model.model.rotary_emb.rope_type = "dynamic"
     with pytest.raises(ValueError, match="before_rope=False"):
         rope_frequencies(model, 0)
+
+
+def test_one_token_after_the_sinks_is_its_own_mean_and_round_trips_finite() -> None:
+    x = _offset_tensor(tokens=5)  # 4 sinks, then one token: centered, it is zero
+    for norm_bits in (8, 16):
+        codec = CenteredTurboQuantCodec(3, sink_tokens=4, norm_bits=norm_bits)
+        decoded = codec.decode(codec.encode(x))
+        assert torch.isfinite(decoded).all()
+        assert torch.allclose(decoded, x, atol=1e-5)
