@@ -201,6 +201,26 @@ def summary_rows(answers: Sequence[TaskAnswer], by: str) -> list[dict[str, Any]]
     return rows
 
 
+def pairwise_rows(answers: Sequence[TaskAnswer], context: int) -> list[dict[str, Any]]:
+    """Each compressed config against each one listed before it, on the same items at ``context``: the paired
+    score difference (points, 95% CI) and how many items' scores differ."""
+    scores: dict[str, dict[int, float]] = {}
+    for a in answers:
+        if a.context == context and a.config != REFERENCE:
+            scores.setdefault(a.config, {})[a.item] = 100 * a.score
+    configs = list(scores)
+    rows = []
+    for later_index, config in enumerate(configs):
+        for earlier in configs[:later_index]:
+            shared = sorted(scores[config].keys() & scores[earlier].keys())
+            differences = [scores[config][item] - scores[earlier][item] for item in shared]
+            rows.append({
+                "config": config, "against": earlier, "difference": _interval(differences),
+                "differing": sum(1 for d in differences if d),
+            })  # fmt: skip
+    return rows
+
+
 def _with_interval(figure: dict[str, float] | None, signed: bool = False) -> str:
     if figure is None:
         return "reference"
@@ -240,8 +260,19 @@ def render_markdown(result: TasksResult) -> str:
         f"{options['seed']}). Scores: RULER's string match, in points; intervals are 95% t-intervals over items, "
         f"and a preset's delta is paired with the full-precision answer to the same item. {info.date}.\n",
     ]
+    pair_columns = [
+        column("config", "config"),
+        column("against", "against"),
+        column("difference on the same items, points (95% CI)", "difference_text"),
+        column("items whose scores differ", "differing"),
+    ]
     for context in contexts:
         parts += [f"## {context:,}-token documents, all tasks\n", table(by_context, "context", context), ""]
+        pairs = [{**r, "difference_text": _with_interval(r["difference"], signed=True)}
+                 for r in pairwise_rows(result.answers, context)]  # fmt: skip
+        if pairs:
+            parts += [f"Compressed configs against each other at {context:,} tokens:\n",
+                      markdown_table(pairs, pair_columns), ""]  # fmt: skip
     parts.append(f"## By task, all contexts ({', '.join(f'{c:,}' for c in contexts)} tokens)\n")
     for task in tasks:
         parts += [f"### {task}\n", table(by_task, "task", task), ""]

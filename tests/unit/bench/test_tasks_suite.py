@@ -18,6 +18,19 @@ def test_unknown_tasks_and_presets_are_refused_with_the_choices():
     assert TasksOptions(configs=["keys tq4, values tq3"]).configs == ["full", "keys tq4, values tq3"]
 
 
+def test_compressed_configs_are_paired_against_each_other_on_the_same_items():
+    scores = {"full": (1, 1, 1), "default": (1, 0, 1), "max": (0, 0, 1), "small": (1, 1, 0)}
+    answers = [_answer(item, config, score) for config, row in scores.items() for item, score in enumerate(row)]
+    answers.append(_answer(0, "max", 1.0, context=1024))  # another length: not paired with 512's items
+    rows = {(r["config"], r["against"]): r for r in suite.pairwise_rows(answers, 512)}
+    assert list(rows) == [("max", "default"), ("small", "default"), ("small", "max")]
+    assert rows[("max", "default")]["difference"]["mean"] == pytest.approx(-100 / 3)
+    assert rows[("max", "default")]["differing"] == 1
+    assert rows[("small", "max")]["difference"]["mean"] == pytest.approx(100 / 3)  # +1, +1, -1
+    assert rows[("small", "max")]["differing"] == 3
+    assert rows[("small", "max")]["difference"]["n"] == 3
+
+
 def test_full_precision_is_always_the_first_preset_scored():
     assert TasksOptions(configs=["max", "full", "default"]).configs == ["full", "max", "default"]
     assert TasksOptions(configs=[]).configs == ["full"]
