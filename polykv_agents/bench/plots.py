@@ -14,6 +14,14 @@ import matplotlib.pyplot as plt
 MIB = 2**20
 
 
+def _errors(means: Sequence[float], lows: Sequence[float], highs: Sequence[float]) -> list[list[float]]:
+    """An interval per point as matplotlib's asymmetric error bars: distances below and above each mean."""
+    return [
+        [m - low for m, low in zip(means, lows, strict=True)],
+        [high - m for m, high in zip(means, highs, strict=True)],
+    ]
+
+
 def memory_vs_agents(rows: Sequence[dict]):
     """KV MiB against agents: one colour per context, the runtime solid, separate caches dashed."""
     figure, axis = plt.subplots(figsize=(7, 4.5))
@@ -74,8 +82,7 @@ def ablation_deltas(rows: Sequence[dict], context: int):
     figure, axis = plt.subplots(figsize=(7, 0.45 * len(points) + 1.2))
     labels = [f"{r['config']} ({r['compression_ratio_vs_fp16']:.2f}x)" for r in points]
     means = [r["delta_pct_mean"] for r in points]
-    errors = [[m - r["delta_pct_ci_low"] for m, r in zip(means, points, strict=True)],
-              [r["delta_pct_ci_high"] - m for m, r in zip(means, points, strict=True)]]  # fmt: skip
+    errors = _errors(means, [r["delta_pct_ci_low"] for r in points], [r["delta_pct_ci_high"] for r in points])
     axis.barh(labels, means, xerr=errors, color="C0", alpha=0.7, capsize=3)
     axis.axvline(0, color="black", linewidth=0.8)
     axis.set_xscale("symlog", linthresh=1)
@@ -93,8 +100,7 @@ def frontier(rows: Sequence[dict], front: Sequence[str], budget_pct: float, targ
         points = [r for r in rows if r["context_tokens"] == context]
         bits = [16 / r["compression_ratio_vs_fp16"] for r in points]
         means = [r["delta_pct_mean"] for r in points]
-        errors = [[m - r["delta_pct_ci_low"] for m, r in zip(means, points, strict=True)],
-                  [r["delta_pct_ci_high"] - m for m, r in zip(means, points, strict=True)]]  # fmt: skip
+        errors = _errors(means, [r["delta_pct_ci_low"] for r in points], [r["delta_pct_ci_high"] for r in points])
         axis.errorbar(bits, means, yerr=errors, fmt="o", color=f"C{index}", capsize=3, label=f"{context} tokens")
         on_front = sorted((16 / r["compression_ratio_vs_fp16"], r["delta_pct_mean"]) for r in points
                           if r["config"] in front)  # fmt: skip
@@ -121,8 +127,7 @@ def task_score_vs_bytes(rows: Sequence[dict], model: str):
         points = sorted((r for r in rows if r["context"] == context), key=lambda r: -r["ratio"])
         bits = [16 / r["ratio"] for r in points]
         means = [r["score"]["mean"] for r in points]
-        errors = [[m - r["score"]["low"] for m, r in zip(means, points, strict=True)],
-                  [r["score"]["high"] - m for m, r in zip(means, points, strict=True)]]  # fmt: skip
+        errors = _errors(means, [r["score"]["low"] for r in points], [r["score"]["high"] for r in points])
         axis.errorbar(bits, means, yerr=errors, fmt="o-", color=f"C{index}", capsize=3, label=f"{context:,} tokens")
         for bit, mean, row in zip(bits, means, points, strict=True):
             axis.annotate(row["config"], (bit, mean), fontsize=6, xytext=(4, 2), textcoords="offset points")

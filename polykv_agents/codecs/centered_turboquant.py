@@ -19,7 +19,7 @@ import torch
 
 from polykv_agents.codecs.encoded import EncodedTensor, dtype_name
 from polykv_agents.codecs.rotary import rotate_keys
-from polykv_agents.codecs.turboquant import TurboQuantCodec
+from polykv_agents.codecs.turboquant import TurboQuantCodec, fp16_norms
 from polykv_agents.config import CenteredTurboQuantCodecConfig
 
 _NORM_LEVELS = 255  # 8-bit norm codes 0..255
@@ -102,14 +102,7 @@ class CenteredTurboQuantCodec:
     def _encode_norms(self, norms: torch.Tensor) -> dict[str, torch.Tensor]:
         """``norms [b, h, t', 1]`` as stored tensors: fp16, or 8-bit log codes with each head's log2 range."""
         if self.norm_bits == 16:
-            norms16 = norms.squeeze(-1).to(torch.float16)
-            if not torch.isfinite(norms16).all():
-                msg = (
-                    "a head vector's norm is non-finite or exceeds the fp16 range (65504); "
-                    "the model produced non-finite or huge activations"
-                )
-                raise ValueError(msg)
-            return {"norms": norms16}
+            return {"norms": fp16_norms(norms)}
         if not torch.isfinite(norms).all():
             msg = "a head vector's norm is non-finite: the model produced non-finite activations"
             raise ValueError(msg)

@@ -22,6 +22,18 @@ from polykv_agents.codecs.lloyd_max import codes_to_values, gaussian_lloyd_max, 
 from polykv_agents.config import TurboQuantCodecConfig
 
 
+def fp16_norms(norms: torch.Tensor) -> torch.Tensor:
+    """Vector norms ``[..., 1]`` as stored: fp16 ``[...]``, refused if any is non-finite or past fp16's range."""
+    norms16 = norms.squeeze(-1).to(torch.float16)
+    if not torch.isfinite(norms16).all():
+        msg = (
+            "a head vector's norm is non-finite or exceeds the fp16 range (65504); "
+            "the model produced non-finite or huge activations"
+        )
+        raise ValueError(msg)
+    return norms16
+
+
 class TurboQuantCodec:
     """Normalise, rotate, Lloyd–Max quantise at ``bits`` bits per coordinate."""
 
@@ -55,13 +67,7 @@ class TurboQuantCodec:
             raise ValueError(msg)
         x32 = x.float()
         norms = x32.norm(dim=-1, keepdim=True)  # [b, h, t, 1]
-        norms16 = norms.squeeze(-1).to(torch.float16)  # [b, h, t]: what decode will use
-        if not torch.isfinite(norms16).all():
-            msg = (
-                "a head vector's norm is non-finite or exceeds the fp16 range (65504); "
-                "the model produced non-finite or huge activations"
-            )
-            raise ValueError(msg)
+        norms16 = fp16_norms(norms)  # [b, h, t]: what decode will use
         unit = x32 / norms.clamp_min(torch.finfo(torch.float32).tiny)
         return EncodedTensor(
             codec=self.name,
