@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from polykv_agents.agent import PooledAgent
 from polykv_agents.chat.chat_model import ChatPolyKV, ToolCallCutError
-from polykv_agents.config import CodecConfig, CompressionConfig
+from polykv_agents.config import CodecConfig, CompressionConfig, LayerCodecs
 from polykv_agents.engine import Engine, default_engine, load_model
 from polykv_agents.graph.context import PolyKVContext
 from polykv_agents.graph.prefetch import PrefetchDocument
@@ -31,6 +31,7 @@ __all__ = [
     "DeviceNotAvailableError",
     "Engine",
     "GenerationSettings",
+    "LayerCodecs",
     "MemoryReport",
     "ModelFingerprint",
     "ModelNotFoundError",

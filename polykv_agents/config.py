@@ -19,7 +19,7 @@ codecs at their inert defaults), and exactly such a record is read back.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, get_args
 
@@ -311,6 +311,47 @@ def describe_codecs() -> str:
     return "; ".join(c.describe() for c in CODEC_CONFIGS)
 
 
+def _layer_list(layers: Sequence[int]) -> str:
+    """``0-2,5,-1`` for ``(0, 1, 2, 5, -1)``: runs of consecutive indices joined."""
+    runs: list[list[int]] = []
+    for layer in layers:
+        if runs and layer == runs[-1][-1] + 1 and (layer < 0) == (runs[-1][-1] < 0):
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+
+
+class LayerCodecs(BaseModel):
+    """Other codecs for some layers: mixed precision by layer (more bits where the model is sensitive).
+
+    ``layers`` are decoder-layer indices; a negative index counts from the last layer (``-1``: the last), so
+    one config fits models of any depth. ``keys`` and ``values`` replace the config's codecs on those layers;
+    ``None`` keeps them.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    layers: tuple[int, ...] = Field(min_length=1)
+    keys: AnyCodecConfig | None = None
+    values: AnyCodecConfig | None = None
+
+    @model_validator(mode="after")
+    def _replaces_something(self) -> LayerCodecs:
+        if self.keys is None and self.values is None:
+            msg = f"LayerCodecs(layers={list(self.layers)}) sets neither keys nor values; give it one or both"
+            raise ValueError(msg)
+        if len(set(self.layers)) != len(self.layers):
+            msg = f"LayerCodecs lists a layer twice: {list(self.layers)}; list each layer once"
+            raise ValueError(msg)
+        return self
+
+    def label(self) -> str:
+        """E.g. ``L0-1,-1 K:ctq4/pre-rope``."""
+        parts = [f"K:{self.keys.label()}" if self.keys else "", f"V:{self.values.label()}" if self.values else ""]
+        return f"L{_layer_list(self.layers)} {' '.join(p for p in parts if p)}"
+
+
 class CompressionConfig(BaseModel):
     """Asymmetric KV compression: keys feed the softmax, which amplifies error, so they get more bits."""
 
@@ -327,6 +368,11 @@ class CompressionConfig(BaseModel):
     """Seed of the random rotation signs (keys use ``seed``, values ``seed + 1``), in ``0 ..``
     :data:`SEED_MAX`. Stored in the pool, never the rotation matrix itself."""
 
+    layers: tuple[LayerCodecs, ...] = ()
+    """Per-layer exceptions to ``keys`` and ``values``, e.g. 4-bit keys on the first and last layers of a
+    3-bit pool. A layer may appear in one of them only. Left out of the config's dump when empty, so
+    pools made before it existed keep their digests."""
+
     @field_validator("seed")
     @classmethod
     def _seed_in_range(cls, seed: int) -> int:
@@ -340,10 +386,63 @@ class CompressionConfig(BaseModel):
 
     @model_validator(mode="after")
     def _rope_is_on_keys_only(self) -> CompressionConfig:
-        if getattr(self.values, "before_rope", False):
+        if any(getattr(values, "before_rope", False) for values in (self.values, *(o.values for o in self.layers))):
             msg = "values carry no rotary position embedding: before_rope=True applies to the key codec only"
             raise ValueError(msg)
         return self
+
+    @model_validator(mode="after")
+    def _one_override_per_layer(self) -> CompressionConfig:
+        seen: set[int] = set()
+        for override in self.layers:
+            twice = seen & set(override.layers)
+            if twice:
+                msg = f"layer {sorted(twice)[0]} is in two entries of layers; give each layer one LayerCodecs"
+                raise ValueError(msg)
+            seen |= set(override.layers)
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if not self.layers:  # the layout of every pool digest made before per-layer codecs
+            data.pop("layers", None)
+        return data
+
+    def _override(self, layer: int, num_layers: int) -> LayerCodecs | None:
+        if not 0 <= layer < num_layers:
+            msg = f"layer {layer} is out of range for a model with {num_layers} layers"
+            raise ValueError(msg)
+        matches = []
+        for override in self.layers:
+            for listed in override.layers:
+                if not -num_layers <= listed < num_layers:
+                    msg = (
+                        f"config.layers names layer {listed}, but the model has {num_layers} layers "
+                        f"(indices 0..{num_layers - 1}, or -{num_layers}..-1 from the end); fix the LayerCodecs"
+                    )
+                    raise ValueError(msg)
+                if listed % num_layers == layer:
+                    matches.append(override)
+        if len(matches) > 1:  # e.g. 0 and -num_layers: the same layer, which validation cannot see without the model
+            msg = f"layer {layer} of {num_layers} is named more than once in config.layers; name it once"
+            raise ValueError(msg)
+        return matches[0] if matches else None
+
+    def keys_for(self, layer: int, num_layers: int) -> CodecConfig:
+        """The key codec of decoder layer ``layer`` in a model of ``num_layers`` layers."""
+        override = self._override(layer, num_layers)
+        return override.keys if override is not None and override.keys is not None else self.keys
+
+    def values_for(self, layer: int, num_layers: int) -> CodecConfig:
+        """The value codec of decoder layer ``layer`` in a model of ``num_layers`` layers."""
+        override = self._override(layer, num_layers)
+        return override.values if override is not None and override.values is not None else self.values
+
+    def codec_configs(self) -> tuple[CodecConfig, ...]:
+        """Every codec config this config uses, on some layer: keys, values, then the per-layer ones."""
+        overrides = (c for o in self.layers for c in (o.keys, o.values) if c is not None)
+        return (self.keys, self.values, *overrides)
 
     @classmethod
     def paper(cls) -> CompressionConfig:
@@ -397,11 +496,12 @@ class CompressionConfig(BaseModel):
 
     def with_seed(self, seed: int) -> CompressionConfig:
         """This config with another seed, validated (``model_copy(update=...)`` does not validate)."""
-        return type(self)(keys=self.keys, values=self.values, seed=seed)
+        return type(self)(keys=self.keys, values=self.values, seed=seed, layers=self.layers)
 
     def label(self) -> str:
-        """E.g. ``K:int8/channel V:tq3``."""
-        return f"K:{self.keys.label()} V:{self.values.label()}"
+        """E.g. ``K:int8/channel V:tq3``, or ``K:ctq3/pre-rope V:ctq3 [L0-1 K:ctq4/pre-rope]`` with per-layer codecs."""
+        overrides = "".join(f" [{override.label()}]" for override in self.layers)
+        return f"K:{self.keys.label()} V:{self.values.label()}{overrides}"
 
 
 _PRESET_FACTORIES = {

@@ -69,7 +69,7 @@ def seed_dependent(config: CompressionConfig) -> bool:
     """Whether the seed changes anything: a TurboQuant codec (plain or centered) with randomised signs."""
     return any(
         c.method == "centered_turboquant" or (c.method == "turboquant" and c.rotation and c.random_signs)
-        for c in (config.keys, config.values)
+        for c in config.codec_configs()
     )
 
 

@@ -25,8 +25,8 @@ from pydantic import BaseModel
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
-from polykv_agents.codecs import EncodedTensor, decode
-from polykv_agents.config import CompressionConfig, compression_config
+from polykv_agents.codecs import EncodedTensor, TensorCodec, decode
+from polykv_agents.config import CodecConfig, CompressionConfig, compression_config
 from polykv_agents.model.architecture import check_causal_lm
 from polykv_agents.model.compat import cache_from_key_values, layer_key_values
 from polykv_agents.model.compute_thread import run_on_compute_thread
@@ -211,12 +211,21 @@ class SharedKVPool:
         read, so a caller can keep using it (the perplexity evaluation does). ``composition``: how the cache
         was composed from other pools (:class:`~polykv_agents.pool.compose.Composition`), if it was."""
         config = compression_config(config)
-        key_codec = config.keys.build(seed=config.seed)
-        value_codec = config.values.build(seed=config.seed + 1)  # independent rotation signs
+        codecs: dict[tuple[CodecConfig, int], TensorCodec] = {}  # one per (config, seed), whatever its layers
+
+        def codec(codec_config: CodecConfig, seed: int) -> TensorCodec:
+            if (codec_config, seed) not in codecs:
+                codecs[(codec_config, seed)] = codec_config.build(seed=seed)
+            return codecs[(codec_config, seed)]
+
         num_tokens = token_ids.numel()
+        cache_layers = list(layer_key_values(cache))
         layers, fp16_nbytes, model_dtype_nbytes = [], 0, 0
         with torch.inference_mode():
-            for layer_idx, (keys, values) in enumerate(layer_key_values(cache)):
+            for layer_idx, (keys, values) in enumerate(cache_layers):
+                key_config = config.keys_for(layer_idx, len(cache_layers))
+                key_codec = codec(key_config, config.seed)
+                value_codec = codec(config.values_for(layer_idx, len(cache_layers)), config.seed + 1)  # own signs
                 if keys.shape[-2] != num_tokens:
                     msg = (
                         f"a cache layer kept {keys.shape[-2]} of the document's {num_tokens} tokens (a "
@@ -226,7 +235,7 @@ class SharedKVPool:
                     raise ValueError(msg)
                 model_dtype_nbytes += keys.nbytes + values.nbytes
                 # One layer at a time on the compute thread: running agents' steps interleave with it.
-                inv_freq = rope_frequencies(model, layer_idx) if getattr(config.keys, "before_rope", False) else None
+                inv_freq = rope_frequencies(model, layer_idx) if getattr(key_config, "before_rope", False) else None
                 layer, layer_fp16_nbytes = run_on_compute_thread(
                     _encode_layer, keys, values, key_codec, value_codec, inv_freq
                 )

@@ -18,6 +18,7 @@ from polykv_agents.config import (
     CompressionConfig,
     FullPrecisionCodecConfig,
     IntCodecConfig,
+    LayerCodecs,
     TurboQuantCodecConfig,
     codec_config_class,
     describe_codecs,
@@ -419,3 +420,58 @@ def test_a_pool_builds_at_the_largest_seed(tiny_model, tiny_tok) -> None:
     config = CompressionConfig.max_compression().with_seed(SEED_MAX)
     pool = SharedKVPool.prefill(tiny_model, tiny_tok, "A short document about shared caches.", config=config)
     assert pool.layers[0].values.params["seed"] == SEED_MAX + 1
+
+
+# ---------------------------------------------------------------- codecs by layer
+
+_CTQ3_PRE_ROPE = CodecConfig(method="centered_turboquant", bits=3, before_rope=True)
+_CTQ4_PRE_ROPE = CodecConfig(method="centered_turboquant", bits=4, before_rope=True)
+MIXED = CompressionConfig(
+    keys=_CTQ3_PRE_ROPE,
+    values=CodecConfig(method="centered_turboquant", bits=3),
+    layers=[
+        LayerCodecs(layers=(0, 1, -1), keys=_CTQ4_PRE_ROPE),
+        LayerCodecs(layers=(5,), values=CodecConfig(method="centered_turboquant", bits=2)),
+    ],
+)
+
+
+def test_layer_codecs_replace_the_config_s_codecs_on_their_layers_only() -> None:
+    keys = [MIXED.keys_for(layer, 8).bits for layer in range(8)]
+    values = [MIXED.values_for(layer, 8).bits for layer in range(8)]
+    assert keys == [4, 4, 3, 3, 3, 3, 3, 4]  # -1: the last layer, whatever the depth
+    assert values == [3, 3, 3, 3, 3, 2, 3, 3]  # an entry without keys keeps the config's keys there
+    assert [MIXED.keys_for(layer, 30).bits for layer in (0, 1, 2, 28, 29)] == [4, 4, 3, 3, 4]
+
+
+def test_a_config_with_layer_codecs_is_labelled_dumped_and_read_back() -> None:
+    assert MIXED.label() == "K:ctq3/pre-rope V:ctq3 [L0-1,-1 K:ctq4/pre-rope] [L5 V:ctq2]"
+    assert CompressionConfig.model_validate_json(MIXED.model_dump_json()) == MIXED
+    assert MIXED.with_seed(4).layers == MIXED.layers
+    assert len(set(MIXED.codec_configs())) == 4
+    assert "layers" not in CompressionConfig().model_dump()  # the dump every earlier pool digest hashed
+
+
+@pytest.mark.parametrize(
+    ("layers", "fragment"),
+    [
+        ([{"layers": [0]}], "sets neither keys nor values"),
+        ([{"layers": [2, 2], "keys": {"method": "int"}}], "lists a layer twice"),
+        ([{"layers": [1], "keys": {"method": "int"}}, {"layers": [1, 2], "values": {"method": "int"}}], "two entries"),
+        ([{"layers": [0], "values": {"method": "centered_turboquant", "before_rope": True}}], "key codec only"),
+        ([{"layers": [], "keys": {"method": "int"}}], "at least 1 item"),
+    ],
+)
+def test_bad_layer_codecs_are_refused_with_the_fix(layers: list, fragment: str) -> None:
+    with pytest.raises(pydantic.ValidationError, match=fragment):
+        CompressionConfig(layers=layers)
+
+
+def test_a_layer_the_model_does_not_have_is_refused_when_the_codecs_are_chosen() -> None:
+    with pytest.raises(ValueError, match=r"names layer 8, but the model has 8 layers"):
+        CompressionConfig(layers=[LayerCodecs(layers=(8,), keys=_CTQ4_PRE_ROPE)]).keys_for(0, 8)
+    int4 = CodecConfig(method="int", bits=4)
+    twice = CompressionConfig(layers=[LayerCodecs(layers=(0,), keys=int4), LayerCodecs(layers=(-8,), values=int4)])
+    assert twice.keys_for(3, 8) == twice.keys  # layer 3 is named by neither
+    with pytest.raises(ValueError, match="layer 0 of 8 is named more than once"):
+        twice.keys_for(0, 8)

@@ -248,3 +248,45 @@ def test_keys_compressed_before_rope_carry_each_layers_own_frequencies(tiny_tok)
         decoded, _ = pool.decompress_layer(index, dtype=torch.float32)
         assert torch.equal(decoded[:, :, :4], keys[:, :, :4])  # sinks as they were
         assert float((decoded - keys).norm() / keys.norm()) < 0.15
+
+
+def test_layer_codecs_compress_their_layers_with_their_own_codecs(tiny_tok):
+    from tiny_models import tiny_gemma3
+
+    from polykv_agents import LayerCodecs
+    from polykv_agents.model.rope import rope_frequencies
+
+    model = tiny_gemma3()
+    last = model.config.num_hidden_layers - 1
+    mixed = CompressionConfig(
+        keys=CodecConfig(method="turboquant", bits=3),
+        values=CodecConfig(method="turboquant", bits=3),
+        layers=[
+            LayerCodecs(layers=(-1,), keys=CENTERED_PRE_ROPE.keys),  # before RoPE on the last layer only
+            LayerCodecs(layers=(0,), values=CodecConfig(method="int", bits=8, granularity="token")),
+        ],
+        seed=3,
+    )
+    pool = SharedKVPool.prefill(model, tiny_tok, DOC, config=mixed)
+    records = [(layer.keys.codec, layer.keys.params["bits"], layer.values.codec) for layer in pool.layers]
+    assert records[0] == ("turboquant", 3, "int")
+    assert records[1:last] == [("turboquant", 3, "turboquant")] * (last - 1)
+    assert records[last] == ("centered_turboquant", 4, "turboquant")
+    assert torch.equal(pool.layers[last].keys.tensors["rope_inv_freq"], rope_frequencies(model, last))
+    assert pool.layers[last].keys.params["seed"] == 3 and pool.layers[1].values.params["seed"] == 4
+    uniform = SharedKVPool.prefill(
+        model, tiny_tok, DOC, config=CompressionConfig(keys=mixed.keys, values=mixed.values, seed=3)
+    )
+    for index in range(1, last):  # layers without an exception are exactly the uniform config's
+        pairs = zip(pool.decompress_layer(index), uniform.decompress_layer(index), strict=True)
+        assert all(torch.equal(a, b) for a, b in pairs)
+    assert pool.nbytes > uniform.nbytes  # int8 values and 4-bit keys on two layers: measured, not computed
+    assert pool.digest != uniform.digest
+
+
+def test_layer_codecs_naming_a_layer_the_model_lacks_are_refused(tiny_model, tiny_tok):
+    from polykv_agents import LayerCodecs
+
+    config = CompressionConfig(layers=[LayerCodecs(layers=(2,), keys=CodecConfig(method="int", bits=4))])
+    with pytest.raises(ValueError, match="names layer 2, but the model has 2 layers"):
+        SharedKVPool.prefill(tiny_model, tiny_tok, DOC, config=config)

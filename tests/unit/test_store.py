@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from polykv_agents import CodecConfig, CompressionConfig, SharedKVPool
+from polykv_agents import CodecConfig, CompressionConfig, LayerCodecs, SharedKVPool
 from polykv_agents.codecs import EncodedTensor
 from polykv_agents.pool.record import pool_from_record, pool_record
 from polykv_agents.pool.store import FORMAT_VERSION, PoolFileError, PoolStore
@@ -33,6 +33,9 @@ CONFIGS = {
     "centered-pre-rope": CompressionConfig(
         keys=CodecConfig(method="centered_turboquant", bits=3, before_rope=True),
         values=CodecConfig(method="centered_turboquant", bits=2, norm_bits=16, sink_tokens=0),
+    ),
+    "codecs-by-layer": CompressionConfig(
+        layers=[LayerCodecs(layers=(-1,), keys=CodecConfig(method="centered_turboquant", bits=4, before_rope=True))]
     ),
 }
 

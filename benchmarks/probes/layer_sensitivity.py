@@ -1,0 +1,137 @@
+"""Probe: which layers pay for a bit, for mixed precision by layer (``CompressionConfig.layers``).
+
+Starts from a base config (default: centered TurboQuant keys at 3 bits before RoPE and values at 3 bits, 5.05x on
+SmolLM2 at 2K) and measures, one layer at a time, the perplexity change of each single-layer move: that layer's
+keys at 4 bits (``keys+``: costs bytes), and that layer's values at 2 bits (``values-``: saves bytes). The runs of
+one (text, seed) share every other layer's codes, so a move's difference from the base isolates that layer.
+
+Then, assuming the moves add up, it chooses the moves that maximise the perplexity gained for the bytes allowed
+(``--target-ratio`` against fp16): every ``values-`` move whose loss is smallest per byte saved pays for the
+``keys+`` moves whose gain is largest per byte spent. It prints the config to verify with the frontier's protocol
+(``bench frontier``), which measures all the moves together:
+
+    python benchmarks/probes/layer_sensitivity.py --documents 2 --seeds 1 --out sensitivity.json [--model ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from polykv_agents import load_model
+from polykv_agents.config import CodecConfig, CompressionConfig, LayerCodecs
+from polykv_agents.eval.corpus import pydoc_documents
+from polykv_agents.eval.perplexity import perplexity_deltas
+
+
+def _ctq(bits: int, **options) -> CodecConfig:
+    return CodecConfig(method="centered_turboquant", bits=bits, **options)
+
+
+BASE = CompressionConfig(keys=_ctq(3, before_rope=True), values=_ctq(3))
+KEYS_UP = _ctq(4, before_rope=True)
+VALUES_DOWN = _ctq(2)
+
+
+def moves(num_layers: int) -> dict[str, CompressionConfig]:
+    """``keys+ L`` and ``values- L`` for every layer, each a one-layer exception to :data:`BASE`."""
+
+    def one_layer(**codecs) -> CompressionConfig:
+        return CompressionConfig(keys=BASE.keys, values=BASE.values, layers=[LayerCodecs(layers=(layer,), **codecs)])
+
+    configs = {}
+    for layer in range(num_layers):
+        configs[f"keys+ {layer}"] = one_layer(keys=KEYS_UP)
+        configs[f"values- {layer}"] = one_layer(values=VALUES_DOWN)
+    return configs
+
+
+def measure(model, tokenizer, texts, seeds, context: int, continuation: int) -> dict:
+    num_layers = model.config.num_hidden_layers
+    named = {"base": BASE, **moves(num_layers)}
+    samples: dict[str, list[tuple[float, int]]] = {name: [] for name in named}  # (delta_pct, pool bytes)
+    for index, text in enumerate(texts):
+        for seed in seeds:
+            configs = [config.with_seed(seed) for config in named.values()]
+            results = perplexity_deltas(
+                model, tokenizer, text, context_tokens=context, continuation_tokens=continuation, configs=configs
+            )
+            for name, result in zip(named, results, strict=True):
+                samples[name].append((result.delta_pct, result.pool_nbytes))
+            print(f"text {index} seed {seed}: base {samples['base'][-1][0]:+.2f}%", flush=True)
+    base = samples["base"]
+    rows = []
+    for name, values in samples.items():
+        if name == "base":
+            continue
+        differences = [v[0] - b[0] for v, b in zip(values, base, strict=True)]
+        rows.append({
+            "move": name,
+            "delta_change_pct": statistics.fmean(differences),
+            "per_sample": differences,
+            "bytes_change": statistics.fmean(v[1] - b[1] for v, b in zip(values, base, strict=True)),
+        })  # fmt: skip
+    return {
+        "base": BASE.label(),
+        "base_delta_pct": statistics.fmean(b[0] for b in base),
+        "base_nbytes": statistics.fmean(b[1] for b in base),
+        "fp16_nbytes": results[0].fp16_nbytes,
+        "rows": rows,
+    }
+
+
+def choose(measured: dict, target_ratio: float) -> tuple[list[int], list[int], float, float]:
+    """``(layers with keys+, layers with values-, predicted delta, predicted ratio)`` within ``target_ratio``."""
+    budget = measured["fp16_nbytes"] / target_ratio - measured["base_nbytes"]  # bytes the moves may add (or must save)
+    ups = sorted(
+        (r for r in measured["rows"] if r["move"].startswith("keys+") and r["delta_change_pct"] < 0),
+        key=lambda r: r["delta_change_pct"] / r["bytes_change"],
+    )  # most gain per byte first
+    downs = sorted(
+        (r for r in measured["rows"] if r["move"].startswith("values-")),
+        key=lambda r: r["delta_change_pct"] / -r["bytes_change"],
+    )  # least loss per byte saved first
+    best = ([], [], measured["base_delta_pct"], measured["base_nbytes"])
+    for n_down in range(len(downs) + 1):
+        spare = budget - sum(r["bytes_change"] for r in downs[:n_down])
+        chosen_ups, spent = [], 0.0
+        for row in ups:
+            if spent + row["bytes_change"] <= spare:
+                chosen_ups.append(row)
+                spent += row["bytes_change"]
+        if spare < 0:
+            continue
+        delta = measured["base_delta_pct"] + sum(r["delta_change_pct"] for r in chosen_ups + downs[:n_down])
+        nbytes = measured["base_nbytes"] + spent + sum(r["bytes_change"] for r in downs[:n_down])
+        if delta < best[2]:
+            best = (chosen_ups, downs[:n_down], delta, nbytes)
+    layer = lambda row: int(row["move"].split()[-1])  # noqa: E731
+    return sorted(map(layer, best[0])), sorted(map(layer, best[1])), best[2], measured["fp16_nbytes"] / best[3]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--documents", type=int, default=2)
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--context", type=int, default=2048)
+    parser.add_argument("--continuation", type=int, default=512)
+    parser.add_argument("--target-ratio", type=float, default=5.0)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    model, tokenizer = load_model(args.model)
+    measured = measure(
+        model, tokenizer, pydoc_documents(args.documents), range(args.seeds), args.context, args.continuation
+    )
+    args.out.write_text(json.dumps(measured, indent=1))
+    for row in sorted(measured["rows"], key=lambda r: r["delta_change_pct"]):
+        print(f"  {row['move']:12s} {row['delta_change_pct']:+.3f} points  {row['bytes_change']:+.0f} bytes")
+    ups, downs, delta, ratio = choose(measured, args.target_ratio)
+    print(f"keys at 4 bits on layers {ups}; values at 2 bits on layers {downs}")
+    print(f"predicted: {delta:+.2f}% at {ratio:.2f}x (base {measured['base_delta_pct']:+.2f}%)")
+
+
+if __name__ == "__main__":
+    main()
