@@ -11,7 +11,7 @@ from polykv_agents.bench.memory import run_memory_suite
 from polykv_agents.bench.quality import run_quality_suite
 from polykv_agents.bench.speed import run_speed_suite
 from polykv_agents.bench.writers import write_ablation, write_memory, write_quality, write_speed
-from polykv_agents.config import CodecConfig, CompressionConfig
+from polykv_agents.config import CodecConfig, CompressionConfig, LayerCodecs
 from polykv_agents.eval.corpus import pydoc_documents
 
 
@@ -99,6 +99,11 @@ def test_ablation_runs_every_seed_of_seeded_configs_only(tiny_model, tiny_tok, t
     )
     assert rows["full"]["delta_pct_mean"] == pytest.approx(0.0, abs=1e-4)
     assert not seed_dependent(factors["full"][1]) and seed_dependent(CompressionConfig())
+    int8 = CodecConfig(method="int", bits=8)
+    tq_on_one_layer = CompressionConfig(
+        keys=int8, values=int8, layers=[LayerCodecs(layers=(0,), values=CodecConfig(method="turboquant"))]
+    )
+    assert not seed_dependent(CompressionConfig(keys=int8, values=int8)) and seed_dependent(tq_on_one_layer)
     assert result.summary["max_preset"] is not None  # full precision is always within budget
     assert [p.name for p in write_ablation(result, tmp_path)] == ["ablation.json", "ablation.md", "ablation_64.png"]
 
