@@ -1,0 +1,62 @@
+"""Probe: do the moves `layer_sensitivity.py` chose add up? Mixed-precision pools measured all at once.
+
+`layer_sensitivity.py` measured each single-layer move on 3 texts and chose, assuming the moves add up, which
+layers get 4-bit keys and which 2-bit values at about 5x. This measures those configs with the frontier's
+protocol (:func:`~polykv_agents.bench.ablation.run_ablation_suite`: one prefill per text, every rotation seed,
+intervals over texts), on texts the choice was made on and on texts it never saw (``--first-document 5``):
+
+    python benchmarks/probes/layer_mix.py --documents 5 --seeds 3 [--first-document 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from polykv_agents import load_model
+from polykv_agents.bench.ablation import pct_interval, run_ablation_suite
+from polykv_agents.config import CodecConfig, CompressionConfig, LayerCodecs
+from polykv_agents.eval.corpus import pydoc_documents
+
+
+def _ctq(bits: int, **options) -> CodecConfig:
+    return CodecConfig(method="centered_turboquant", bits=bits, **options)
+
+
+def mixed(keys_up: tuple[int, ...], values_down: tuple[int, ...]) -> CompressionConfig:
+    """Centered TurboQuant at 3 bits (keys before RoPE), with 4-bit keys and 2-bit values on the listed layers."""
+    layers = [LayerCodecs(layers=keys_up, keys=_ctq(4, before_rope=True))] if keys_up else []
+    layers += [LayerCodecs(layers=values_down, values=_ctq(2))] if values_down else []
+    return CompressionConfig(keys=_ctq(3, before_rope=True), values=_ctq(3), layers=layers)
+
+
+CANDIDATES = {
+    "max (ctq4 pre-RoPE keys, ctq3 values)": CompressionConfig.preset("max"),
+    "keys ctq3 pre-RoPE, values ctq3": mixed((), ()),
+    "greedy: keys+ 8,18,20,23,26,28; values- 0,5,9,25,29": mixed((8, 18, 20, 23, 26, 28), (0, 5, 9, 25, 29)),
+    "two: keys+ 18,20; values- 5,29": mixed((18, 20), (5, 29)),
+    "keys+ 18,20 only": mixed((18, 20), ()),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--documents", type=int, default=5)
+    parser.add_argument("--first-document", type=int, default=0)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--context", type=int, default=2048)
+    parser.add_argument("--model", default=None)
+    args = parser.parse_args()
+    model, tokenizer = load_model(args.model)
+    texts = pydoc_documents(args.first_document + args.documents)[args.first_document :]
+    result = run_ablation_suite(
+        model, tokenizer, texts, contexts=[args.context], seeds=list(range(args.seeds)),
+        factors={name: ("layers", config) for name, config in CANDIDATES.items()},
+    )  # fmt: skip
+    info = result.info
+    print(f"{info.model} ({info.dtype}), {args.context} tokens, texts {args.first_document}.. x {args.seeds} seeds")
+    for row in result.rows:
+        print(f"  {row['config']:55s} {row['compression_ratio_vs_fp16']:.2f}x  {pct_interval(row)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
