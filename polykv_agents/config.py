@@ -11,6 +11,9 @@ one registration point: ``CompressionConfig.keys``/``values``, :func:`~polykv_ag
 and the command-line help all read it. Calling the shared base class, ``CodecConfig(method="int",
 bits=8)``, validates into the matching class.
 
+``CompressionConfig.layers`` gives listed layers other codecs (:class:`LayerCodecs`: mixed precision by layer);
+the pool asks :meth:`CompressionConfig.keys_for` and :meth:`~CompressionConfig.values_for` for each layer's.
+
 Pool digests hash ``CompressionConfig.model_dump()``; to keep the digests of pools built before the
 per-codec classes existed, the three original classes dump in the one-record layout of that time
 (every codec record carries ``method, bits, granularity, rotation, random_signs``, the fields of other

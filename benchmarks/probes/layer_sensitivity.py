@@ -30,27 +30,39 @@ def _ctq(bits: int, **options) -> CodecConfig:
     return CodecConfig(method="centered_turboquant", bits=bits, **options)
 
 
-BASE = CompressionConfig(keys=_ctq(3, before_rope=True), values=_ctq(3))
-KEYS_UP = _ctq(4, before_rope=True)
-VALUES_DOWN = _ctq(2)
+BASES = {  # base -> (its config, the key codec a move puts on one layer, the value codec a move puts there)
+    "ctq3/ctq3": (
+        CompressionConfig(keys=_ctq(3, before_rope=True), values=_ctq(3)),
+        _ctq(4, before_rope=True),
+        _ctq(2),
+    ),
+    "ctq4/ctq2": (
+        CompressionConfig(keys=_ctq(4, before_rope=True), values=_ctq(2)),
+        _ctq(3, before_rope=True),
+        _ctq(3),
+    ),
+}
 
 
-def moves(num_layers: int) -> dict[str, CompressionConfig]:
-    """``keys+ L`` and ``values- L`` for every layer, each a one-layer exception to :data:`BASE`."""
+def moves(base: str, num_layers: int) -> dict[str, CompressionConfig]:
+    """``keys L`` and ``values L`` for every layer: the move's codec on that layer, the base's elsewhere."""
+    config, keys, values = BASES[base]
 
     def one_layer(**codecs) -> CompressionConfig:
-        return CompressionConfig(keys=BASE.keys, values=BASE.values, layers=[LayerCodecs(layers=(layer,), **codecs)])
+        return CompressionConfig(
+            keys=config.keys, values=config.values, layers=[LayerCodecs(layers=(layer,), **codecs)]
+        )
 
-    configs = {}
+    named = {}
     for layer in range(num_layers):
-        configs[f"keys+ {layer}"] = one_layer(keys=KEYS_UP)
-        configs[f"values- {layer}"] = one_layer(values=VALUES_DOWN)
-    return configs
+        named[f"keys {layer}"] = one_layer(keys=keys)
+        named[f"values {layer}"] = one_layer(values=values)
+    return named
 
 
-def measure(model, tokenizer, texts, seeds, context: int, continuation: int) -> dict:
+def measure(model, tokenizer, texts, seeds, context: int, continuation: int, base: str) -> dict:
     num_layers = model.config.num_hidden_layers
-    named = {"base": BASE, **moves(num_layers)}
+    named = {"base": BASES[base][0], **moves(base, num_layers)}
     samples: dict[str, list[tuple[float, int]]] = {name: [] for name in named}  # (delta_pct, pool bytes)
     for index, text in enumerate(texts):
         for seed in seeds:
@@ -74,7 +86,8 @@ def measure(model, tokenizer, texts, seeds, context: int, continuation: int) -> 
             "bytes_change": statistics.fmean(v[1] - b[1] for v, b in zip(values, base, strict=True)),
         })  # fmt: skip
     return {
-        "base": BASE.label(),
+        "base": named["base"].label(),
+        "move_codecs": {"keys": BASES[base][1].label(), "values": BASES[base][2].label()},
         "base_delta_pct": statistics.fmean(b[0] for b in base),
         "base_nbytes": statistics.fmean(b[1] for b in base),
         "fp16_nbytes": results[0].fp16_nbytes,
@@ -83,14 +96,14 @@ def measure(model, tokenizer, texts, seeds, context: int, continuation: int) -> 
 
 
 def choose(measured: dict, target_ratio: float) -> tuple[list[int], list[int], float, float]:
-    """``(layers with keys+, layers with values-, predicted delta, predicted ratio)`` within ``target_ratio``."""
+    """``(moves that add bytes, moves that save bytes, predicted delta, predicted ratio)`` within ``target_ratio``."""
     budget = measured["fp16_nbytes"] / target_ratio - measured["base_nbytes"]  # bytes the moves may add (or must save)
     ups = sorted(
-        (r for r in measured["rows"] if r["move"].startswith("keys+") and r["delta_change_pct"] < 0),
+        (r for r in measured["rows"] if r["bytes_change"] > 0 and r["delta_change_pct"] < 0),
         key=lambda r: r["delta_change_pct"] / r["bytes_change"],
     )  # most gain per byte first
     downs = sorted(
-        (r for r in measured["rows"] if r["move"].startswith("values-")),
+        (r for r in measured["rows"] if r["bytes_change"] < 0),
         key=lambda r: r["delta_change_pct"] / -r["bytes_change"],
     )  # least loss per byte saved first
     best = ([], [], measured["base_delta_pct"], measured["base_nbytes"])
@@ -107,8 +120,12 @@ def choose(measured: dict, target_ratio: float) -> tuple[list[int], list[int], f
         nbytes = measured["base_nbytes"] + spent + sum(r["bytes_change"] for r in downs[:n_down])
         if delta < best[2]:
             best = (chosen_ups, downs[:n_down], delta, nbytes)
-    layer = lambda row: int(row["move"].split()[-1])  # noqa: E731
-    return sorted(map(layer, best[0])), sorted(map(layer, best[1])), best[2], measured["fp16_nbytes"] / best[3]
+    return (
+        sorted(r["move"] for r in best[0]),
+        sorted(r["move"] for r in best[1]),
+        best[2],
+        measured["fp16_nbytes"] / best[3],
+    )
 
 
 def main() -> None:
@@ -119,17 +136,18 @@ def main() -> None:
     parser.add_argument("--continuation", type=int, default=512)
     parser.add_argument("--target-ratio", type=float, default=5.0)
     parser.add_argument("--model", default=None)
+    parser.add_argument("--base", choices=list(BASES), default="ctq3/ctq3")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     model, tokenizer = load_model(args.model)
     measured = measure(
-        model, tokenizer, pydoc_documents(args.documents), range(args.seeds), args.context, args.continuation
+        model, tokenizer, pydoc_documents(args.documents), range(args.seeds), args.context, args.continuation, args.base
     )
     args.out.write_text(json.dumps(measured, indent=1))
     for row in sorted(measured["rows"], key=lambda r: r["delta_change_pct"]):
         print(f"  {row['move']:12s} {row['delta_change_pct']:+.3f} points  {row['bytes_change']:+.0f} bytes")
     ups, downs, delta, ratio = choose(measured, args.target_ratio)
-    print(f"keys at 4 bits on layers {ups}; values at 2 bits on layers {downs}")
+    print(f"moves that add bytes: {ups}; moves that save bytes: {downs}")
     print(f"predicted: {delta:+.2f}% at {ratio:.2f}x (base {measured['base_delta_pct']:+.2f}%)")
 
 
