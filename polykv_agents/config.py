@@ -315,10 +315,10 @@ def describe_codecs() -> str:
 
 
 def _layer_list(layers: Sequence[int]) -> str:
-    """``0-2,5,-1`` for ``(0, 1, 2, 5, -1)``: runs of consecutive indices joined."""
+    """``0-2,5,-2,-1`` for ``(0, 1, 2, 5, -2, -1)``: runs of consecutive indices joined (negative ones listed)."""
     runs: list[list[int]] = []
     for layer in layers:
-        if runs and layer == runs[-1][-1] + 1 and (layer < 0) == (runs[-1][-1] < 0):
+        if runs and layer == runs[-1][-1] + 1 and runs[-1][-1] >= 0:
             runs[-1].append(layer)
         else:
             runs.append([layer])

@@ -29,12 +29,21 @@ def mixed(keys_up: tuple[int, ...], values_down: tuple[int, ...]) -> Compression
     return CompressionConfig(keys=_ctq(3, before_rope=True), values=_ctq(3), layers=layers)
 
 
+# SmolLM2-135M's layers ordered by the single-layer moves of layer_sensitivity.py (3 texts, 2K, seed 0): keys at
+# 4 bits from most to least gain, values at 2 bits from least to most loss.
+KEYS_BY_GAIN = (18, 20, 8, 23, 28, 26, 29, 17, 9, 14, 27, 11, 25, 24, 21, 4, 15, 2, 22, 16, 10, 0, 1, 19, 3, 13, 5, 12)
+VALUES_BY_LOSS = (5, 29, 9, 25, 0, 14, 26, 21, 22, 27, 13, 24, 2, 4, 11, 16, 20, 19, 12, 23, 28, 10, 8, 18, 17, 6, 7)
+
 CANDIDATES = {
     "max (ctq4 pre-RoPE keys, ctq3 values)": CompressionConfig.preset("max"),
     "keys ctq3 pre-RoPE, values ctq3": mixed((), ()),
     "greedy: keys+ 8,18,20,23,26,28; values- 0,5,9,25,29": mixed((8, 18, 20, 23, 26, 28), (0, 5, 9, 25, 29)),
     "two: keys+ 18,20; values- 5,29": mixed((18, 20), (5, 29)),
     "keys+ 18,20 only": mixed((18, 20), ()),
+    **{
+        f"balanced {k}: keys+ best {k}, values- best {k}": mixed(KEYS_BY_GAIN[:k], VALUES_BY_LOSS[:k])
+        for k in (8, 12, 16)
+    },
 }
 
 

@@ -446,6 +446,7 @@ def test_layer_codecs_replace_the_config_s_codecs_on_their_layers_only() -> None
 
 def test_a_config_with_layer_codecs_is_labelled_dumped_and_read_back() -> None:
     assert MIXED.label() == "K:ctq3/pre-rope V:ctq3 [L0-1,-1 K:ctq4/pre-rope] [L5 V:ctq2]"
+    assert LayerCodecs(layers=(4, 5, 6, 9, -3, -2), values=MIXED.values).label() == "L4-6,9,-3,-2 V:ctq3"
     assert CompressionConfig.model_validate_json(MIXED.model_dump_json()) == MIXED
     assert MIXED.with_seed(4).layers == MIXED.layers
     assert len(set(MIXED.codec_configs())) == 4
