@@ -373,7 +373,7 @@ class CompressionConfig(BaseModel):
 
     layers: tuple[LayerCodecs, ...] = ()
     """Per-layer exceptions to ``keys`` and ``values``, e.g. 4-bit keys on the first and last layers of a
-    3-bit pool. A layer may appear in one of them only. Left out of the config's dump when empty, so
+    3-bit pool. A layer's keys (or values) may come from one of them only. Left out of the config's dump when empty, so
     pools made before it existed keep their digests."""
 
     @field_validator("seed")
@@ -395,14 +395,18 @@ class CompressionConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _one_override_per_layer(self) -> CompressionConfig:
-        seen: set[int] = set()
-        for override in self.layers:
-            twice = seen & set(override.layers)
-            if twice:
-                msg = f"layer {sorted(twice)[0]} is in two entries of layers; give each layer one LayerCodecs"
-                raise ValueError(msg)
-            seen |= set(override.layers)
+    def _one_codec_per_layer(self) -> CompressionConfig:
+        for kind in ("keys", "values"):
+            seen: set[int] = set()
+            for override in (o for o in self.layers if getattr(o, kind) is not None):
+                twice = seen & set(override.layers)
+                if twice:
+                    msg = (
+                        f"layer {sorted(twice)[0]} gets {kind} from two entries of layers; give each layer's "
+                        f"{kind} one LayerCodecs"
+                    )
+                    raise ValueError(msg)
+                seen |= set(override.layers)
         return self
 
     @model_serializer(mode="wrap")
@@ -412,7 +416,7 @@ class CompressionConfig(BaseModel):
             data.pop("layers", None)
         return data
 
-    def _override(self, layer: int, num_layers: int) -> LayerCodecs | None:
+    def _codec_of_layer(self, kind: Literal["keys", "values"], layer: int, num_layers: int) -> CodecConfig:
         if not 0 <= layer < num_layers:
             msg = f"layer {layer} is out of range for a model with {num_layers} layers"
             raise ValueError(msg)
@@ -425,22 +429,20 @@ class CompressionConfig(BaseModel):
                         f"(indices 0..{num_layers - 1}, or -{num_layers}..-1 from the end); fix the LayerCodecs"
                     )
                     raise ValueError(msg)
-                if listed % num_layers == layer:
-                    matches.append(override)
+                if listed % num_layers == layer and getattr(override, kind) is not None:
+                    matches.append(getattr(override, kind))
         if len(matches) > 1:  # e.g. 0 and -num_layers: the same layer, which validation cannot see without the model
-            msg = f"layer {layer} of {num_layers} is named more than once in config.layers; name it once"
+            msg = f"layer {layer} of {num_layers} gets {kind} from more than one entry of config.layers; name it once"
             raise ValueError(msg)
-        return matches[0] if matches else None
+        return matches[0] if matches else getattr(self, kind)
 
     def keys_for(self, layer: int, num_layers: int) -> CodecConfig:
         """The key codec of decoder layer ``layer`` in a model of ``num_layers`` layers."""
-        override = self._override(layer, num_layers)
-        return override.keys if override is not None and override.keys is not None else self.keys
+        return self._codec_of_layer("keys", layer, num_layers)
 
     def values_for(self, layer: int, num_layers: int) -> CodecConfig:
         """The value codec of decoder layer ``layer`` in a model of ``num_layers`` layers."""
-        override = self._override(layer, num_layers)
-        return override.values if override is not None and override.values is not None else self.values
+        return self._codec_of_layer("values", layer, num_layers)
 
     def codec_configs(self) -> tuple[CodecConfig, ...]:
         """Every codec config this config uses, on some layer: keys, values, then the per-layer ones."""

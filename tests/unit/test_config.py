@@ -458,7 +458,11 @@ def test_a_config_with_layer_codecs_is_labelled_dumped_and_read_back() -> None:
     [
         ([{"layers": [0]}], "sets neither keys nor values"),
         ([{"layers": [2, 2], "keys": {"method": "int"}}], "lists a layer twice"),
-        ([{"layers": [1], "keys": {"method": "int"}}, {"layers": [1, 2], "values": {"method": "int"}}], "two entries"),
+        ([{"layers": [1], "keys": {"method": "int"}}, {"layers": [1, 2], "keys": {"method": "int"}}], "keys from two"),
+        (
+            [{"layers": [3], "values": {"method": "int"}}, {"layers": [3], "values": {"method": "int"}}],
+            "values from two",
+        ),
         ([{"layers": [0], "values": {"method": "centered_turboquant", "before_rope": True}}], "key codec only"),
         ([{"layers": [], "keys": {"method": "int"}}], "at least 1 item"),
     ],
@@ -472,7 +476,14 @@ def test_a_layer_the_model_does_not_have_is_refused_when_the_codecs_are_chosen()
     with pytest.raises(ValueError, match=r"names layer 8, but the model has 8 layers"):
         CompressionConfig(layers=[LayerCodecs(layers=(8,), keys=_CTQ4_PRE_ROPE)]).keys_for(0, 8)
     int4 = CodecConfig(method="int", bits=4)
-    twice = CompressionConfig(layers=[LayerCodecs(layers=(0,), keys=int4), LayerCodecs(layers=(-8,), values=int4)])
+    twice = CompressionConfig(layers=[LayerCodecs(layers=(0,), keys=int4), LayerCodecs(layers=(-8,), keys=int4)])
     assert twice.keys_for(3, 8) == twice.keys  # layer 3 is named by neither
-    with pytest.raises(ValueError, match="layer 0 of 8 is named more than once"):
+    with pytest.raises(ValueError, match="layer 0 of 8 gets keys from more than one entry"):
         twice.keys_for(0, 8)
+
+
+def test_one_layer_may_take_its_keys_and_its_values_from_two_entries() -> None:
+    int4, int6 = CodecConfig(method="int", bits=4), CodecConfig(method="int", bits=6)
+    config = CompressionConfig(layers=[LayerCodecs(layers=(0, 1), keys=int4), LayerCodecs(layers=(-4,), values=int6)])
+    assert (config.keys_for(0, 4), config.values_for(0, 4)) == (int4, int6)
+    assert (config.keys_for(1, 4), config.values_for(1, 4)) == (int4, config.values)
