@@ -73,23 +73,23 @@ def measure(model, tokenizer, texts, seeds, context: int, continuation: int, bas
             for name, result in zip(named, results, strict=True):
                 samples[name].append((result.delta_pct, result.pool_nbytes))
             print(f"text {index} seed {seed}: base {samples['base'][-1][0]:+.2f}%", flush=True)
-    base = samples["base"]
+    reference = samples["base"]
     rows = []
     for name, values in samples.items():
         if name == "base":
             continue
-        differences = [v[0] - b[0] for v, b in zip(values, base, strict=True)]
+        differences = [v[0] - b[0] for v, b in zip(values, reference, strict=True)]
         rows.append({
             "move": name,
             "delta_change_pct": statistics.fmean(differences),
             "per_sample": differences,
-            "bytes_change": statistics.fmean(v[1] - b[1] for v, b in zip(values, base, strict=True)),
+            "bytes_change": statistics.fmean(v[1] - b[1] for v, b in zip(values, reference, strict=True)),
         })  # fmt: skip
     return {
         "base": named["base"].label(),
         "move_codecs": {"keys": BASES[base][1].label(), "values": BASES[base][2].label()},
-        "base_delta_pct": statistics.fmean(b[0] for b in base),
-        "base_nbytes": statistics.fmean(b[1] for b in base),
+        "base_delta_pct": statistics.fmean(b[0] for b in reference),
+        "base_nbytes": statistics.fmean(b[1] for b in reference),
         "fp16_nbytes": results[0].fp16_nbytes,
         "rows": rows,
     }
