@@ -6,11 +6,20 @@ protocol (:func:`~polykv_agents.bench.ablation.run_ablation_suite`: one prefill 
 intervals over texts), on texts the choice was made on and on texts it never saw (``--first-document 5``):
 
     python benchmarks/probes/layer_mix.py --documents 5 --seeds 3 [--first-document 5]
+
+On another model, give it the JSON `layer_sensitivity.py` wrote and the base it measured; it then measures the
+base, the ``max`` preset and the moves chosen from that JSON:
+
+    python benchmarks/probes/layer_mix.py --model M.gguf --sensitivity s.json --base ctq4/ctq2 --documents 3 --seeds 2
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
+
+from layer_sensitivity import BASES, choose  # this folder is the script's first import path
 
 from polykv_agents import load_model
 from polykv_agents.bench.ablation import pct_interval, run_ablation_suite
@@ -47,6 +56,24 @@ CANDIDATES = {
 }
 
 
+def chosen(sensitivity: Path, base: str, target_ratio: float) -> dict[str, CompressionConfig]:
+    """The base, ``max`` and the moves :func:`choose` takes from ``sensitivity`` (one config)."""
+    config, move_keys, move_values = BASES[base]
+    adding, saving, predicted, ratio = choose(json.loads(sensitivity.read_text()), target_ratio)
+    kinds = {
+        kind: tuple(sorted(int(move.split()[-1]) for move in adding + saving if move.startswith(kind)))
+        for kind in ("keys", "values")
+    }
+    layers = [LayerCodecs(layers=kinds["keys"], keys=move_keys)] if kinds["keys"] else []
+    layers += [LayerCodecs(layers=kinds["values"], values=move_values)] if kinds["values"] else []
+    name = f"chosen (predicted {predicted:+.2f}% at {ratio:.2f}x): keys {kinds['keys']}; values {kinds['values']}"
+    return {
+        "max": CompressionConfig.preset("max"),
+        base: config,
+        name: CompressionConfig(keys=config.keys, values=config.values, layers=layers),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--documents", type=int, default=5)
@@ -54,17 +81,24 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--model", default=None)
+    parser.add_argument("--sensitivity", type=Path, default=None)
+    parser.add_argument("--base", choices=list(BASES), default="ctq3/ctq3")
+    parser.add_argument("--target-ratio", type=float, default=5.0)
     args = parser.parse_args()
+    candidates = CANDIDATES if args.sensitivity is None else chosen(args.sensitivity, args.base, args.target_ratio)
     model, tokenizer = load_model(args.model)
     texts = pydoc_documents(args.first_document + args.documents)[args.first_document :]
     result = run_ablation_suite(
         model, tokenizer, texts, contexts=[args.context], seeds=list(range(args.seeds)),
-        factors={name: ("layers", config) for name, config in CANDIDATES.items()},
+        factors={name: ("layers", config) for name, config in candidates.items()},
     )  # fmt: skip
     info = result.info
     print(f"{info.model} ({info.dtype}), {args.context} tokens, texts {args.first_document}.. x {args.seeds} seeds")
     for row in result.rows:
-        print(f"  {row['config']:55s} {row['compression_ratio_vs_fp16']:.2f}x  {pct_interval(row)}", flush=True)
+        print(
+            f"  {row['config']:55s} {row['config_label']} {row['compression_ratio_vs_fp16']:.2f}x  {pct_interval(row)}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
