@@ -199,3 +199,27 @@ def test_on_the_real_model_keys_before_rope_lose_less_than_plain_turboquant(smol
             decoded, _ = pool.decompress_layer(index, dtype=torch.float32)
             errors[name].append(float((decoded - keys.float()).norm() / keys.float().norm()))
     assert sum(errors["centered"]) < 0.8 * sum(errors["plain"])
+
+
+def test_on_the_real_model_codecs_by_layer_spend_bytes_where_they_are_listed(smollm, sample_document):
+    from polykv_agents import LayerCodecs
+
+    model, tokenizer = smollm
+    ctq3 = CodecConfig(method="centered_turboquant", bits=3, before_rope=True)
+    ctq4 = CodecConfig(method="centered_turboquant", bits=4, before_rope=True)
+    values = CodecConfig(method="centered_turboquant", bits=3)
+    configs = {
+        "3-bit keys": CompressionConfig(keys=ctq3, values=values),
+        "mixed": CompressionConfig(keys=ctq3, values=values, layers=[LayerCodecs(layers=(18, 20, -1), keys=ctq4)]),
+        "4-bit keys": CompressionConfig(keys=ctq4, values=values),
+    }
+    token_ids = tokenizer(sample_document, return_tensors="pt").input_ids[0][:768]
+    cache, _ = prefill_cache(model, token_ids)
+    pools = {name: SharedKVPool.from_cache(model, tokenizer, cache, token_ids, config=c) for name, c in configs.items()}
+    assert pools["3-bit keys"].nbytes < pools["mixed"].nbytes < pools["4-bit keys"].nbytes  # measured bytes
+    for index in range(model.config.num_hidden_layers):
+        decoded = {name: pool.decompress_layer(index, dtype=torch.float32)[0] for name, pool in pools.items()}
+        twin = "4-bit keys" if index in (18, 20, 29) else "3-bit keys"  # the uniform pool with this layer's codec
+        assert torch.equal(decoded["mixed"], decoded[twin])
+    agent = PooledAgent(pools["mixed"], model, tokenizer, system_prompt="Answer from the document.")
+    assert agent.generate("What is this document about?", max_new_tokens=8).strip()
