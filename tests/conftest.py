@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 # Before Ray is imported anywhere: Ray's own local test clusters then live on loopback only (Ray binds its
@@ -13,6 +15,10 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # The suite checks exact equivalences (batched == sequential, token for token), which hold in fp32: "auto"
 # means fp32 here unless a run says otherwise. Tests of bf16 ask for it by name.
 os.environ.setdefault("POLYKV_DTYPE", "float32")
+# GGUF files are converted once into this session's own cache (the first load of the embedded model), never
+# into the user's: every later load in the session, subprocesses included, reads that conversion.
+os.environ["POLYKV_CACHE_DIR"] = tempfile.mkdtemp(prefix="polykv-test-cache-")  # removed in pytest_unconfigure
+os.environ.pop("POLYKV_GGUF_CACHE", None)
 
 import pytest
 import torch
@@ -65,3 +71,7 @@ def long_context_model_dir(tmp_path_factory) -> str:
     tiny_llama(max_positions=4096).save_pretrained(directory)
     tiny_tokenizer().save_pretrained(directory)
     return str(directory)
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(os.environ["POLYKV_CACHE_DIR"], ignore_errors=True)

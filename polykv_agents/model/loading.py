@@ -20,6 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from polykv_agents.model import gguf_cache
 from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.model.device import resolve_device
 from polykv_agents.model.dtype import DtypeName, resolve_dtype
@@ -94,25 +95,9 @@ def _load(
     embedded = name_or_path in (None, DEFAULT_MODEL)
     if embedded or str(name_or_path).endswith(".gguf"):
         gguf = embedded_model_file() if embedded else _gguf_file(name_or_path)
-        # De-quantised to fp32 (transformers' fastest GGUF path), then cast below.
-        source, kwargs, load_dtype = str(gguf.parent), {"gguf_file": gguf.name}, torch.float32
+        model, tokenizer = _load_gguf(gguf, name_or_path)  # fp32, cast below
     else:
-        source, kwargs, load_dtype = name_or_path, {"local_files_only": True}, dtype or "auto"
-    try:
-        with _quiet_progress_bars():
-            tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=load_dtype, **kwargs)
-    except ValueError as e:
-        if "Unrecognized configuration class" in str(e):
-            msg = f"{name_or_path!r} is not a causal language model (AutoModelForCausalLM cannot load it): {e}"
-            raise TypeError(msg) from e
-        raise
-    except OSError as e:
-        msg = (
-            f"Could not load model {name_or_path!r} from local files; nothing is downloaded at run time. "
-            "Pass a local directory, a local .gguf file, or a hub id already in the local Hugging Face cache."
-        )
-        raise ModelNotFoundError(msg) from e
+        model, tokenizer = _from_pretrained(name_or_path, {"local_files_only": True}, dtype or "auto", name_or_path)
     model.to(device=device, dtype=dtype)
     model.eval()
     quantize_weights(model, weights)  # after the cast: scales are stored in the model's dtype
@@ -120,6 +105,42 @@ def _load(
         model.config.name_or_path = DEFAULT_MODEL
     elif str(name_or_path).endswith(".gguf"):
         model.config.name_or_path = Path(name_or_path).stem
+    return model, tokenizer
+
+
+def _load_gguf(gguf: Path, asked_for: str | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """De-quantised to fp32 (transformers' fastest GGUF path) once per file, then read from the user's cache
+    (see :mod:`polykv_agents.model.gguf_cache`); saved before any cast, so every dtype is read from one entry."""
+    if converted := gguf_cache.cached_checkpoint(gguf):
+        try:
+            return _from_pretrained(str(converted), {"local_files_only": True}, torch.float32, asked_for)
+        except Exception as error:  # a damaged entry (whatever its reader raises) is converted again
+            logger.warning("Cached conversion %s unreadable (%s); converting %s again", converted, error, gguf)
+            gguf_cache.discard(converted)
+    model, tokenizer = _from_pretrained(str(gguf.parent), {"gguf_file": gguf.name}, torch.float32, asked_for)
+    gguf_cache.save_checkpoint(gguf, model, tokenizer)
+    return model, tokenizer
+
+
+def _from_pretrained(
+    source: str, kwargs: dict, dtype: torch.dtype | str, asked_for: str | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """transformers' loaders, with their errors told in terms of what the caller asked for."""
+    try:
+        with _quiet_progress_bars():
+            tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+    except ValueError as e:
+        if "Unrecognized configuration class" in str(e):
+            msg = f"{asked_for!r} is not a causal language model (AutoModelForCausalLM cannot load it): {e}"
+            raise TypeError(msg) from e
+        raise
+    except OSError as e:
+        msg = (
+            f"Could not load model {asked_for!r} from local files; nothing is downloaded at run time. "
+            "Pass a local directory, a local .gguf file, or a hub id already in the local Hugging Face cache."
+        )
+        raise ModelNotFoundError(msg) from e
     return model, tokenizer
 
 

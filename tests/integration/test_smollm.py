@@ -11,7 +11,10 @@ import pytest
 import torch
 
 from polykv_agents import CodecConfig, CompressionConfig, GenerationSettings, PooledAgent, SharedKVPool, load_model
+from polykv_agents.model import gguf_cache
 from polykv_agents.model.compat import layer_key_values
+from polykv_agents.model.fingerprint import model_fingerprint
+from polykv_agents.model.loading import embedded_model_file, load_model_uncached
 from polykv_agents.model.weights import quantize_weights
 from polykv_agents.pool.prefill import prefill_cache
 
@@ -44,6 +47,35 @@ def test_embedded_model_is_the_30_layer_gqa_llama_and_is_loaded_once(smollm):
         64,
     )
     assert load_model() is smollm
+
+
+def test_the_gguf_file_converted_once_loads_from_the_cache_as_the_same_model(smollm, monkeypatch):
+    """The session's first load saved its conversion (the session has its own cache, see conftest); a new load
+    reads it, and gives what reading the GGUF file gives: weights, config, generation config, vocabulary,
+    chat template, fingerprint, logits."""
+    gguf = embedded_model_file()
+    assert gguf_cache.cached_checkpoint(gguf) is not None
+    monkeypatch.setenv(gguf_cache.SWITCH_ENV_VAR, "0")
+    direct, direct_tokenizer = load_model_uncached(None, torch.float32, "cpu")
+    monkeypatch.delenv(gguf_cache.SWITCH_ENV_VAR)
+    cached, cached_tokenizer = load_model_uncached(None, torch.float32, "cpu")
+    assert hasattr(direct, "hf_quantizer") and not hasattr(cached, "hf_quantizer")  # from the GGUF file or not
+    expected, got = direct.state_dict(), cached.state_dict()
+    assert expected.keys() == got.keys() and all(torch.equal(expected[name], got[name]) for name in expected)
+    assert cached.lm_head.weight.data_ptr() == cached.model.embed_tokens.weight.data_ptr()  # still tied
+    config = direct.config.to_dict()
+    config.pop("quantization_config")
+    assert cached.config.to_dict() == config
+    assert cached.generation_config.to_dict() == direct.generation_config.to_dict()
+    assert cached_tokenizer.get_vocab() == direct_tokenizer.get_vocab()
+    assert cached_tokenizer.chat_template == direct_tokenizer.chat_template
+    assert cached_tokenizer.all_special_tokens == direct_tokenizer.all_special_tokens
+    assert model_fingerprint(cached, cached_tokenizer) == model_fingerprint(direct, direct_tokenizer)
+    text = direct_tokenizer.apply_chat_template([{"role": "user", "content": "Héllo 🙂 12345"}], tokenize=False)
+    ids = torch.tensor([direct_tokenizer(text).input_ids])
+    assert cached_tokenizer(text).input_ids == ids[0].tolist()
+    with torch.no_grad():
+        assert torch.equal(cached(ids).logits, direct(ids).logits)
 
 
 def test_full_precision_pool_reproduces_plain_generate(smollm, chat_document):
