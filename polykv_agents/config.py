@@ -12,7 +12,7 @@ and the command-line help all read it. Calling the shared base class, ``CodecCon
 bits=8)``, validates into the matching class.
 
 ``CompressionConfig.layers`` gives listed layers other codecs (:class:`LayerCodecs`: mixed precision by layer);
-the pool asks :meth:`CompressionConfig.keys_for` and :meth:`~CompressionConfig.values_for` for each layer's.
+the pool resolves them once per model depth with :meth:`CompressionConfig.codecs_by_layer`.
 
 Pool digests hash ``CompressionConfig.model_dump()``; to keep the digests of pools built before the
 per-codec classes existed, the three original classes dump in the one-record layout of that time
@@ -416,11 +416,10 @@ class CompressionConfig(BaseModel):
             data.pop("layers", None)
         return data
 
-    def _codec_of_layer(self, kind: Literal["keys", "values"], layer: int, num_layers: int) -> CodecConfig:
-        if not 0 <= layer < num_layers:
-            msg = f"layer {layer} is out of range for a model with {num_layers} layers"
-            raise ValueError(msg)
-        matches = []
+    def codecs_by_layer(self, num_layers: int) -> tuple[tuple[CodecConfig, CodecConfig], ...]:
+        """``(key codec, value codec)`` of each decoder layer of a model with ``num_layers`` layers: the listed
+        indices resolved once (negative ones from the end), each checked against the model's depth."""
+        chosen: list[dict[str, CodecConfig]] = [{} for _ in range(num_layers)]
         for override in self.layers:
             for listed in override.layers:
                 if not -num_layers <= listed < num_layers:
@@ -429,20 +428,31 @@ class CompressionConfig(BaseModel):
                         f"(indices 0..{num_layers - 1}, or -{num_layers}..-1 from the end); fix the LayerCodecs"
                     )
                     raise ValueError(msg)
-                if listed % num_layers == layer and getattr(override, kind) is not None:
-                    matches.append(getattr(override, kind))
-        if len(matches) > 1:  # e.g. 0 and -num_layers: the same layer, which validation cannot see without the model
-            msg = f"layer {layer} of {num_layers} gets {kind} from more than one entry of config.layers; name it once"
-            raise ValueError(msg)
-        return matches[0] if matches else getattr(self, kind)
+                for kind in ("keys", "values"):
+                    if (codec := getattr(override, kind)) is None:
+                        continue
+                    if kind in chosen[listed]:  # e.g. 0 and -num_layers: one layer, which validation cannot see
+                        msg = (
+                            f"layer {listed % num_layers} of {num_layers} gets {kind} from more than one entry of "
+                            "config.layers; name it once"
+                        )
+                        raise ValueError(msg)
+                    chosen[listed][kind] = codec
+        return tuple((layer.get("keys", self.keys), layer.get("values", self.values)) for layer in chosen)
 
     def keys_for(self, layer: int, num_layers: int) -> CodecConfig:
         """The key codec of decoder layer ``layer`` in a model of ``num_layers`` layers."""
-        return self._codec_of_layer("keys", layer, num_layers)
+        return self._layer(layer, num_layers)[0]
 
     def values_for(self, layer: int, num_layers: int) -> CodecConfig:
         """The value codec of decoder layer ``layer`` in a model of ``num_layers`` layers."""
-        return self._codec_of_layer("values", layer, num_layers)
+        return self._layer(layer, num_layers)[1]
+
+    def _layer(self, layer: int, num_layers: int) -> tuple[CodecConfig, CodecConfig]:
+        if not 0 <= layer < num_layers:
+            msg = f"layer {layer} is out of range for a model with {num_layers} layers"
+            raise ValueError(msg)
+        return self.codecs_by_layer(num_layers)[layer]
 
     def codec_configs(self) -> tuple[CodecConfig, ...]:
         """Every codec config this config uses, on some layer: keys, values, then the per-layer ones."""

@@ -49,19 +49,16 @@ from layer_sensitivity import BASES, choose  # this folder is the script's first
 
 from polykv_agents import load_model
 from polykv_agents.bench.ablation import pct_interval, run_ablation_suite
-from polykv_agents.config import CodecConfig, CompressionConfig, LayerCodecs
+from polykv_agents.bench.frontier import ctq
+from polykv_agents.config import CompressionConfig, LayerCodecs
 from polykv_agents.eval.corpus import pydoc_documents
-
-
-def _ctq(bits: int, **options) -> CodecConfig:
-    return CodecConfig(method="centered_turboquant", bits=bits, **options)
 
 
 def mixed(keys_up: tuple[int, ...], values_down: tuple[int, ...]) -> CompressionConfig:
     """Centered TurboQuant at 3 bits (keys before RoPE), with 4-bit keys and 2-bit values on the listed layers."""
-    layers = [LayerCodecs(layers=keys_up, keys=_ctq(4, before_rope=True))] if keys_up else []
-    layers += [LayerCodecs(layers=values_down, values=_ctq(2))] if values_down else []
-    return CompressionConfig(keys=_ctq(3, before_rope=True), values=_ctq(3), layers=layers)
+    layers = [LayerCodecs(layers=keys_up, keys=ctq(4, before_rope=True))] if keys_up else []
+    layers += [LayerCodecs(layers=values_down, values=ctq(2))] if values_down else []
+    return CompressionConfig(keys=ctq(3, before_rope=True), values=ctq(3), layers=layers)
 
 
 # SmolLM2-135M's layers ordered by the single-layer moves of layer_sensitivity.py (3 texts, 2K, seed 0): keys at

@@ -36,25 +36,21 @@ import statistics
 from pathlib import Path
 
 from polykv_agents import load_model
-from polykv_agents.config import CodecConfig, CompressionConfig, LayerCodecs
+from polykv_agents.bench.frontier import ctq
+from polykv_agents.config import CompressionConfig, LayerCodecs
 from polykv_agents.eval.corpus import pydoc_documents
 from polykv_agents.eval.perplexity import perplexity_deltas
 
-
-def _ctq(bits: int, **options) -> CodecConfig:
-    return CodecConfig(method="centered_turboquant", bits=bits, **options)
-
-
 BASES = {  # base -> (its config, the key codec a move puts on one layer, the value codec a move puts there)
     "ctq3/ctq3": (
-        CompressionConfig(keys=_ctq(3, before_rope=True), values=_ctq(3)),
-        _ctq(4, before_rope=True),
-        _ctq(2),
+        CompressionConfig(keys=ctq(3, before_rope=True), values=ctq(3)),
+        ctq(4, before_rope=True),
+        ctq(2),
     ),
     "ctq4/ctq2": (
-        CompressionConfig(keys=_ctq(4, before_rope=True), values=_ctq(2)),
-        _ctq(3, before_rope=True),
-        _ctq(3),
+        CompressionConfig(keys=ctq(4, before_rope=True), values=ctq(2)),
+        ctq(3, before_rope=True),
+        ctq(3),
     ),
 }
 

@@ -31,19 +31,15 @@ import argparse
 
 from polykv_agents import load_model
 from polykv_agents.bench.ablation import pct_interval, run_ablation_suite
+from polykv_agents.bench.frontier import ctq
 from polykv_agents.config import CodecConfig, CompressionConfig
 from polykv_agents.eval.corpus import pydoc_documents
 
-
-def _ctq(bits: int, **options) -> CodecConfig:
-    return CodecConfig(method="centered_turboquant", bits=bits, **options)
-
-
 CANDIDATES = {
     "max: keys ctq4 before RoPE, values ctq3": CompressionConfig.preset("max"),
-    "keys ctq4 after RoPE, values ctq3": CompressionConfig(keys=_ctq(4), values=_ctq(3)),
+    "keys ctq4 after RoPE, values ctq3": CompressionConfig(keys=ctq(4), values=ctq(3)),
     "keys ctq4 before RoPE, values tq3": CompressionConfig(
-        keys=_ctq(4, before_rope=True), values=CodecConfig(method="turboquant", bits=3)
+        keys=ctq(4, before_rope=True), values=CodecConfig(method="turboquant", bits=3)
     ),
     "keys tq4, values tq3 (max of 0.1)": CompressionConfig(
         keys=CodecConfig(method="turboquant", bits=4), values=CodecConfig(method="turboquant", bits=3)

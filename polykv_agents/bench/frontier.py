@@ -26,26 +26,28 @@ TARGET_RATIO = 5.0
 """The compression the frontier is asked to reach within the bound (issue: a pool >= 5x smaller than fp16)."""
 
 
-def _ctq(bits: int, **options) -> CodecConfig:
+def ctq(bits: int, **options) -> CodecConfig:
+    """Centered TurboQuant at ``bits`` (``before_rope=True`` for keys before RoPE), as the probes build it too."""
     return CodecConfig(method="centered_turboquant", bits=bits, **options)
 
 
-def _tq(bits: int) -> CodecConfig:
+def tq(bits: int) -> CodecConfig:
+    """TurboQuant-MSE at ``bits``."""
     return CodecConfig(method="turboquant", bits=bits)
 
 
 CONFIGS: dict[str, CompressionConfig] = {
     "default": CompressionConfig(),
-    "keys tq4, values tq3": CompressionConfig(keys=_tq(4), values=_tq(3)),
-    "keys tq4, values tq2": CompressionConfig(keys=_tq(4), values=_tq(2)),
-    "keys tq3, values tq3": CompressionConfig(keys=_tq(3), values=_tq(3)),
-    "keys ctq4 pre-RoPE, values ctq3": CompressionConfig(keys=_ctq(4, before_rope=True), values=_ctq(3)),
-    "keys ctq4 pre-RoPE, values ctq2": CompressionConfig(keys=_ctq(4, before_rope=True), values=_ctq(2)),
-    "keys ctq3 pre-RoPE, values ctq3": CompressionConfig(keys=_ctq(3, before_rope=True), values=_ctq(3)),
-    "keys ctq3 pre-RoPE, values tq3": CompressionConfig(keys=_ctq(3, before_rope=True), values=_tq(3)),
-    "keys ctq3 after RoPE, values ctq3": CompressionConfig(keys=_ctq(3), values=_ctq(3)),
-    "keys ctq3 pre-RoPE, values ctq2": CompressionConfig(keys=_ctq(3, before_rope=True), values=_ctq(2)),
-    "keys ctq2 pre-RoPE, values ctq2": CompressionConfig(keys=_ctq(2, before_rope=True), values=_ctq(2)),
+    "keys tq4, values tq3": CompressionConfig(keys=tq(4), values=tq(3)),
+    "keys tq4, values tq2": CompressionConfig(keys=tq(4), values=tq(2)),
+    "keys tq3, values tq3": CompressionConfig(keys=tq(3), values=tq(3)),
+    "keys ctq4 pre-RoPE, values ctq3": CompressionConfig(keys=ctq(4, before_rope=True), values=ctq(3)),
+    "keys ctq4 pre-RoPE, values ctq2": CompressionConfig(keys=ctq(4, before_rope=True), values=ctq(2)),
+    "keys ctq3 pre-RoPE, values ctq3": CompressionConfig(keys=ctq(3, before_rope=True), values=ctq(3)),
+    "keys ctq3 pre-RoPE, values tq3": CompressionConfig(keys=ctq(3, before_rope=True), values=tq(3)),
+    "keys ctq3 after RoPE, values ctq3": CompressionConfig(keys=ctq(3), values=ctq(3)),
+    "keys ctq3 pre-RoPE, values ctq2": CompressionConfig(keys=ctq(3, before_rope=True), values=ctq(2)),
+    "keys ctq2 pre-RoPE, values ctq2": CompressionConfig(keys=ctq(2, before_rope=True), values=ctq(2)),
 }
 """Config name -> config at seed 0, from largest to smallest pool (roughly). Named by their codecs (``default``
 aside), so that a name keeps meaning the same pool when a preset is re-decided."""

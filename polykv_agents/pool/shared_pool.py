@@ -220,12 +220,13 @@ class SharedKVPool:
 
         num_tokens = token_ids.numel()
         cache_layers = list(layer_key_values(cache))
+        codecs_by_layer = config.codecs_by_layer(len(cache_layers))
         layers, fp16_nbytes, model_dtype_nbytes = [], 0, 0
         with torch.inference_mode():
             for layer_idx, (keys, values) in enumerate(cache_layers):
-                key_config = config.keys_for(layer_idx, len(cache_layers))
+                key_config, value_config = codecs_by_layer[layer_idx]
                 key_codec = codec(key_config, config.seed)
-                value_codec = codec(config.values_for(layer_idx, len(cache_layers)), config.seed + 1)  # own signs
+                value_codec = codec(value_config, config.seed + 1)  # own signs
                 if keys.shape[-2] != num_tokens:
                     msg = (
                         f"a cache layer kept {keys.shape[-2]} of the document's {num_tokens} tokens (a "

@@ -477,9 +477,11 @@ def test_a_layer_the_model_does_not_have_is_refused_when_the_codecs_are_chosen()
         CompressionConfig(layers=[LayerCodecs(layers=(8,), keys=_CTQ4_PRE_ROPE)]).keys_for(0, 8)
     int4 = CodecConfig(method="int", bits=4)
     twice = CompressionConfig(layers=[LayerCodecs(layers=(0,), keys=int4), LayerCodecs(layers=(-8,), keys=int4)])
-    assert twice.keys_for(3, 8) == twice.keys  # layer 3 is named by neither
+    assert twice.codecs_by_layer(9)[0] == (int4, twice.values)  # in 9 layers, -8 is layer 1
     with pytest.raises(ValueError, match="layer 0 of 8 gets keys from more than one entry"):
-        twice.keys_for(0, 8)
+        twice.codecs_by_layer(8)  # the whole model is refused, whichever layer is asked for
+    with pytest.raises(ValueError, match="layer 8 is out of range for a model with 8 layers"):
+        CompressionConfig().keys_for(8, 8)
 
 
 def test_one_layer_may_take_its_keys_and_its_values_from_two_entries() -> None:
