@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator
 
 from polykv_agents.bench.environment import RunInfo
+from polykv_agents.bench.journal import Journal
 from polykv_agents.bench.output import Progress, column, markdown_table
 from polykv_agents.bench.suite import JsonSuite, Rendered, SuiteOptions, load_model_for
 from polykv_agents.config import PRESETS
@@ -62,6 +63,9 @@ class TasksOptions(SuiteOptions):
     """Seed of the items: the same seed, contexts and items give the same documents and questions."""
     model: str | None = None
     """Local HF model dir or cached id; default: embedded."""
+    journal: Path | None = Field(default=None, exclude=True)
+    """JSON Lines file each item's answers are appended to as they are made; a run given the same file and
+    options answers only the items not in it, so a stopped run continues where it stopped."""
 
     @field_validator("tasks")
     @classmethod
@@ -148,15 +152,24 @@ def answer_item(model, tokenizer, item, configs: Sequence[str]) -> list[tuple[st
 def run_tasks(options: TasksOptions, progress: Progress = lambda _: None) -> TasksResult:
     from polykv_agents.eval.tasks import TASKS, Haystack, best_f1, string_match
 
+    settings = options.model_dump()  # without the journal's path
+    if options.model is not None:  # its file or folder name: no machine's paths in committed results
+        settings["model"] = Path(options.model).name
+    journal = Journal(options.journal, "tasks", settings) if options.journal is not None else None
     model, tokenizer = load_model_for(options.model)
     haystack = Haystack(tokenizer)
     answers: list[TaskAnswer] = []
     for context in options.contexts:
         for index in range(options.items):
             task = options.tasks[index % len(options.tasks)]
-            progress(f"context {context}: item {index + 1}/{options.items} ({task})")
+            step = f"context {context}: item {index + 1}/{options.items} ({task})"
+            if journal is not None and (done := journal.done.get(f"{context}/{index}")) is not None:
+                progress(f"{step}, from the journal")
+                answers += [TaskAnswer.model_validate(answer) for answer in done]
+                continue
+            progress(step)
             item = TASKS[task](haystack, context, random.Random(f"{options.seed}-{context}-{index}"))
-            answers += [
+            item_answers = [
                 TaskAnswer(
                     context=context, item=index, task=task, config=config, document_tokens=tokens,
                     compression_ratio=ratio, answer=answer, references=list(item.answers),
@@ -164,9 +177,9 @@ def run_tasks(options: TasksOptions, progress: Progress = lambda _: None) -> Tas
                 )
                 for config, tokens, ratio, answer in answer_item(model, tokenizer, item, options.configs)
             ]  # fmt: skip
-    settings = options.model_dump()
-    if options.model is not None:  # its file or folder name: no machine's paths in committed results
-        settings["model"] = Path(options.model).name
+            if journal is not None:
+                journal.append(f"{context}/{index}", [answer.model_dump() for answer in item_answers])
+            answers += item_answers
     return TasksResult(run_info=RunInfo.collect(model), options=settings, answers=answers)
 
 

@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from polykv_agents.bench import tasks as suite
+from polykv_agents.bench.journal import JournalMismatchError
 from polykv_agents.bench.tasks import TaskAnswer, TasksOptions, run_tasks, summary_rows
 
 
@@ -133,3 +134,41 @@ def test_reworded_answers_count_the_items_whose_text_differs_from_full_precision
     answers[1] = answers[1].model_copy(update={"answer": "the same fact, other words"})  # item 0's max answer
     assert suite.reworded_answers(answers, "max", 512) == 1
     assert suite.reworded_answers(answers, "max", 1024) == 0  # no items at that length
+
+
+def test_a_stopped_run_continues_from_its_journal_with_the_answers_of_an_unstopped_one(
+    tiny_model_dir, monkeypatch, tmp_path
+):
+    asked = []
+
+    def answer_item(model, tokenizer, item, configs):
+        asked.append(item.question)
+        return [(c, 300, 1.0, f"{c}: {item.answers[0]}") for c in configs]
+
+    monkeypatch.setattr(suite, "answer_item", answer_item)
+    options = {"contexts": [256], "items": 4, "tasks": ["niah_single"], "configs": ["max"], "model": tiny_model_dir}
+    whole = run_tasks(TasksOptions(**options)).answers
+    asked.clear()
+
+    journal = tmp_path / "runs" / "tasks.jsonl"
+
+    def stop_at_the_third_item(step: str) -> None:
+        if step.startswith("context 256: item 3/4"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_tasks(TasksOptions(**options, journal=journal), stop_at_the_third_item)
+    assert len(asked) == 2 and len(journal.read_text().splitlines()) == 1 + 2  # the header, then 2 items
+    with journal.open("a") as file:
+        file.write('{"key": "256/2", "records": [{"TORN')  # the line being written when the run was killed
+    steps = []
+    resumed = run_tasks(TasksOptions(**options, journal=journal), steps.append)
+    assert resumed.answers == whole
+    assert len(asked) == 2 + 2  # only the two items missing were answered
+    assert [s.endswith("from the journal") for s in steps] == [True, True, False, False]
+    assert len(journal.read_text().splitlines()) == 1 + 4 and "TORN" not in journal.read_text()
+    assert "journal" not in resumed.options  # no machine's path in the committed results
+    assert run_tasks(TasksOptions(**options, journal=journal)).answers == whole and len(asked) == 4  # all there
+
+    with pytest.raises(JournalMismatchError, match=r"options differ in: seed\); give this run another --journal"):
+        run_tasks(TasksOptions(**options, seed=1, journal=journal))
