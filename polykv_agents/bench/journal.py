@@ -62,9 +62,8 @@ class Journal:
 
     def append(self, key: str, records: list[Any]) -> None:
         """Record ``key``'s finished records, on disk before this returns."""
-        with self.path.open("a", encoding="utf-8") as file:
+        with self.path.open("a", encoding="utf-8") as file:  # closed, so written through, before returning
             file.write(_line({"key": key, "records": records}))
-            file.flush()
         self.done[key] = records
 
 

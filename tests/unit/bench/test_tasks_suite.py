@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from polykv_agents.bench import tasks as suite
-from polykv_agents.bench.journal import JournalMismatchError
+from polykv_agents.bench.journal import Journal, JournalMismatchError
 from polykv_agents.bench.tasks import TaskAnswer, TasksOptions, run_tasks, summary_rows
 
 
@@ -172,3 +172,16 @@ def test_a_stopped_run_continues_from_its_journal_with_the_answers_of_an_unstopp
 
     with pytest.raises(JournalMismatchError, match=r"options differ in: seed\); give this run another --journal"):
         run_tasks(TasksOptions(**options, seed=1, journal=journal))
+
+
+def test_a_journal_drops_a_whole_record_that_lost_its_line_end(tmp_path):
+    """A record cut just before its newline parses, but the next one would be appended to its line."""
+    journal = Journal(tmp_path / "j.jsonl", "tasks", {"seed": 0})
+    journal.append("256/0", [{"score": 1.0}])
+    with journal.path.open("a") as file:
+        file.write('{"key": "256/1", "records": []}')
+    reopened = Journal(tmp_path / "j.jsonl", "tasks", {"seed": 0})
+    assert reopened.done == {"256/0": [{"score": 1.0}]}
+    reopened.append("256/1", [{"score": 0.0}])
+    again = Journal(tmp_path / "j.jsonl", "tasks", {"seed": 0})
+    assert again.done == {"256/0": [{"score": 1.0}], "256/1": [{"score": 0.0}]}
