@@ -82,6 +82,18 @@ def test_a_cache_that_cannot_be_written_is_skipped_with_a_warning(tmp_path, monk
     assert gguf_cache.CACHE_DIR_ENV_VAR in caplog.text and f"{gguf_cache.SWITCH_ENV_VAR}=0" in caplog.text
 
 
+def test_a_save_that_fails_midway_leaves_nothing_and_only_warns(cache_dir, gguf_file, tiny_model, caplog):
+    class BrokenTokenizer:
+        def save_pretrained(self, directory):
+            raise RuntimeError("tokenizer cannot be serialised")
+
+    with caplog.at_level(logging.WARNING, logger=gguf_cache.__name__):
+        assert gguf_cache.save_checkpoint(gguf_file, tiny_model, BrokenTokenizer()) is None
+    assert "tokenizer cannot be serialised" in caplog.text
+    assert list((cache_dir / "gguf").iterdir()) == []  # the half-written folder is removed
+    assert gguf_cache.cached_checkpoint(gguf_file) is None
+
+
 def test_switched_off_nothing_is_written(tmp_path, monkeypatch, gguf_file, tiny_model, tiny_tok):
     monkeypatch.setenv(gguf_cache.CACHE_DIR_ENV_VAR, str(tmp_path / "cache"))
     monkeypatch.setenv(gguf_cache.SWITCH_ENV_VAR, "0")
