@@ -4,7 +4,8 @@
 are appended (and flushed) as soon as they exist; a later run given the same file and the same options reads
 them back and answers only the items still missing. The first line records the options: a journal written by
 a run with other options (another seed, model, config list...) is refused, because its answers would not be
-the ones asked for.
+the ones asked for. Options that only say how far a run goes (``extent``: which contexts, how many items) may
+differ, since each record's key names its item: a run that adds a context continues the same journal.
 
   line 1:  {"journal": <suite name>, "options": {...}}
   line k:  {"key": <item key>, "records": [...]}      one per finished item
@@ -15,6 +16,7 @@ A last line cut short (the process killed while writing it) is dropped when the 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -26,22 +28,22 @@ class JournalMismatchError(ValueError):
 class Journal:
     """Append-only records by item key, in a JSON Lines file; see the module doc."""
 
-    def __init__(self, path: Path, suite: str, options: dict[str, Any]) -> None:
+    def __init__(self, path: Path, suite: str, options: dict[str, Any], extent: Collection[str] = ()) -> None:
         self.path = Path(path)
         header = {"journal": suite, "options": options}
         self.done: dict[str, list[Any]] = {}
         if self.path.is_file() and self.path.stat().st_size:
-            self._read(header)
+            self._read(header, set(extent))
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text(_line(header), encoding="utf-8")
 
-    def _read(self, header: dict[str, Any]) -> None:
+    def _read(self, header: dict[str, Any], extent: set[str]) -> None:
         lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
         written, expected = json.loads(lines[0]), json.loads(_line(header))  # as JSON: tuples and lists alike
-        if written != expected:
-            old, new = written.get("options", {}), expected["options"]
-            changed = sorted(key for key in set(old) | set(new) if old.get(key) != new.get(key))
+        old, new = written.get("options", {}), expected["options"]
+        changed = sorted(key for key in (set(old) | set(new)) - extent if old.get(key) != new.get(key))
+        if written.get("journal") != expected["journal"] or changed:
             msg = (
                 f"{self.path} is the journal of another run (its {written.get('journal')!r} options differ in: "
                 f"{', '.join(changed) or 'the suite'}); give this run another --journal file, or delete that one"

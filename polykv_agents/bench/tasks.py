@@ -29,6 +29,7 @@ from polykv_agents.bench.journal import Journal
 from polykv_agents.bench.output import Progress, column, markdown_table
 from polykv_agents.bench.suite import JsonSuite, Rendered, SuiteOptions, load_model_for
 from polykv_agents.config import PRESETS
+from polykv_agents.runtime.backend import Runtime
 
 FACT_FINDER_PROMPT = (
     "You are the fact finder. You answer questions about the document exactly, with its own words and numbers, "
@@ -39,6 +40,10 @@ pool's shared prefix)."""
 
 REFERENCE = "full"
 """The preset every other one is compared with: the uncompressed cache."""
+
+EXTENT = ("contexts", "items")
+"""Options that say how far a run goes, not what it answers: item ``i`` at context ``c`` is the same document
+and question whatever the other contexts or the item count (its seed is ``seed-c-i``)."""
 
 
 def _task_names() -> list[str]:
@@ -63,9 +68,16 @@ class TasksOptions(SuiteOptions):
     """Seed of the items: the same seed, contexts and items give the same documents and questions."""
     model: str | None = None
     """Local HF model dir or cached id; default: embedded."""
+    runtime: Runtime = "decompressed"
+    """Runtime that decodes the answers: `decompressed` (the graphs' agents' default), `compressed` or `private`.
+    In bf16 their greedy answers differ in some items (rounding in another order), so it is part of a run."""
     journal: Path | None = Field(default=None, exclude=True)
     """JSON Lines file each item's answers are appended to as they are made; a run given the same file and
-    options answers only the items not in it, so a stopped run continues where it stopped."""
+    options (contexts and items aside) answers only the items not in it, so a stopped run continues where it
+    stopped."""
+    reuse: list[Path] = Field(default=[], exclude=True, json_schema_extra={"flag": "--reuse"})
+    """Earlier `bench tasks` result JSON (repeatable) whose items are taken as answered, when it ran the same
+    model, dtype, seed, tasks and configs: a run adding a context to a result answers only the new context."""
 
     @field_validator("tasks")
     @classmethod
@@ -125,9 +137,11 @@ def pool_document(tokenizer, document: str) -> str | list[dict[str, str]]:
     return document
 
 
-def answer_item(model, tokenizer, item, configs: Sequence[str]) -> list[tuple[str, int, float, str]]:
+def answer_item(
+    model, tokenizer, item, configs: Sequence[str], runtime: Runtime = "decompressed"
+) -> list[tuple[str, int, float, str]]:
     """``(config, pool tokens, compression ratio, answer)`` per preset: one prefill, every preset compressed
-    from that cache, the fact finder's greedy answer over each pool."""
+    from that cache, the fact finder's greedy answer over each pool, decoded by ``runtime``."""
     from polykv_agents.agent import PooledAgent
     from polykv_agents.bench.frontier import config_named
     from polykv_agents.pool.documents import tokenize_document
@@ -141,9 +155,7 @@ def answer_item(model, tokenizer, item, configs: Sequence[str]) -> list[tuple[st
         pool = SharedKVPool.from_cache(
             model, tokenizer, cache, token_ids, config=config_named(name), prefix_messages=prefix_messages
         )
-        # The private runtime: one call over its own pool needs no scheduler (the batched one decodes the same
-        # greedy tokens; tests/unit/runtime check that equivalence).
-        agent = PooledAgent(pool, model, tokenizer, system_prompt=FACT_FINDER_PROMPT, runtime="private")
+        agent = PooledAgent(pool, model, tokenizer, system_prompt=FACT_FINDER_PROMPT, runtime=runtime)
         answer = agent.generate(item.question, max_new_tokens=item.max_new_tokens, answer_prefix=item.answer_prefix)
         answers.append((name, pool.num_tokens, pool.compression_ratio, answer))
     return answers
@@ -155,32 +167,60 @@ def run_tasks(options: TasksOptions, progress: Progress = lambda _: None) -> Tas
     settings = options.model_dump()  # without the journal's path
     if options.model is not None:  # its file or folder name: no machine's paths in committed results
         settings["model"] = Path(options.model).name
-    journal = Journal(options.journal, "tasks", settings) if options.journal is not None else None
+    journal = None if options.journal is None else Journal(options.journal, "tasks", settings, extent=EXTENT)
     model, tokenizer = load_model_for(options.model)
+    reused = reused_answers(options.reuse, settings, str(model.dtype).removeprefix("torch."))
     haystack = Haystack(tokenizer)
     answers: list[TaskAnswer] = []
     for context in options.contexts:
         for index in range(options.items):
             task = options.tasks[index % len(options.tasks)]
             step = f"context {context}: item {index + 1}/{options.items} ({task})"
+            if (done := reused.get(f"{context}/{index}")) is not None:
+                progress(f"{step}, from an earlier result")
+                answers += done
+                continue
             if journal is not None and (done := journal.done.get(f"{context}/{index}")) is not None:
                 progress(f"{step}, from the journal")
                 answers += [TaskAnswer.model_validate(answer) for answer in done]
                 continue
             progress(step)
             item = TASKS[task](haystack, context, random.Random(f"{options.seed}-{context}-{index}"))
+            answered = answer_item(model, tokenizer, item, options.configs, options.runtime)
             item_answers = [
                 TaskAnswer(
                     context=context, item=index, task=task, config=config, document_tokens=tokens,
                     compression_ratio=ratio, answer=answer, references=list(item.answers),
                     score=string_match(answer, item.answers, item.metric), f1=best_f1(answer, item.answers),
                 )
-                for config, tokens, ratio, answer in answer_item(model, tokenizer, item, options.configs)
+                for config, tokens, ratio, answer in answered
             ]  # fmt: skip
             if journal is not None:
                 journal.append(f"{context}/{index}", [answer.model_dump() for answer in item_answers])
             answers += item_answers
     return TasksResult(run_info=RunInfo.collect(model), options=settings, answers=answers)
+
+
+def reused_answers(paths: Sequence[Path], settings: dict[str, Any], dtype: str) -> dict[str, list[TaskAnswer]]:
+    """The answers of the results at ``paths`` by item key (``"context/item"``).
+
+    A result is refused unless it asked the same questions of the same model in the same dtype: its options
+    equal ``settings`` but for :data:`EXTENT`."""
+    reused: dict[str, list[TaskAnswer]] = {}
+    for path in paths:
+        result = TasksResult.model_validate_json(Path(path).read_text(encoding="utf-8"))
+        old = {**result.options, "dtype": result.run_info.dtype}
+        new = {**settings, "dtype": dtype}
+        changed = sorted(key for key in (old.keys() | new.keys()) - set(EXTENT) if old.get(key) != new.get(key))
+        if changed:
+            msg = (
+                f"{path} answered other questions (its options differ in: {', '.join(changed)}); reuse only "
+                "`bench tasks` results of the same model, dtype, seed, tasks and configs"
+            )
+            raise ValueError(msg)
+        for answer in result.answers:  # every item answered by every config, in the order of the options
+            reused.setdefault(f"{answer.context}/{answer.item}", []).append(answer)
+    return reused
 
 
 # ---------------------------------------------------------------- summaries (from the JSON alone)
@@ -268,7 +308,8 @@ def render_markdown(result: TasksResult) -> str:
     parts = [
         "# Finding the fact in a pooled document: task scores\n",
         f"Machine: {info.machine}, {info.cpu}, {info.torch_threads} torch threads, torch {info.torch}. "
-        f"Model: {info.model} ({info.dtype}). Greedy answers by a fact-finder role over the pooled document; "
+        f"Model: {info.model} ({info.dtype}). Greedy answers by a fact-finder role over the pooled document, "
+        f"decoded by the `{options['runtime']}` runtime; "
         f"tasks: {', '.join(tasks)}; {options['items']} items per context, each its own document (seed "
         f"{options['seed']}). Scores: RULER's string match, in points; intervals are 95% t-intervals over items, "
         f"and a preset's delta is paired with the full-precision answer to the same item. {info.date}.\n",
@@ -330,11 +371,12 @@ class TasksSuite(JsonSuite[TasksResult]):
     summary = "RULER-style task scores of pooled answers per preset against full precision (needles, QA, ...)."
     result_type = TasksResult
     options = TasksOptions
-    reproduce = (  # the committed run: 1K only so far (2K, 4K and 7K take 1.5, 3 and 6 hours on 2 cores)
+    reproduce = (
         ("--context", "1024", "--items", "200", *("--config", "default", "--config", "paper", "--config", "max"),
-         "--config", "keys tq4, values tq3"),
+         "--config", "keys tq4, values tq3", "--runtime", "private"),
     )  # fmt: skip
-    """What the committed results ran: the full default (210 items at four lengths) takes most of a day on 2 cores."""
+    """What the committed results ran: 1K so far. The default (210 items at four lengths) takes most of a day on
+    2 cores; ``--journal`` and ``--reuse`` let it run in parts."""
 
     def run(self, options: TasksOptions, progress: Progress) -> TasksResult:
         return run_tasks(options, progress)

@@ -65,7 +65,7 @@ def test_summaries_by_task_pool_the_contexts():
 def test_every_preset_answers_every_item_and_is_scored_against_its_references(tiny_model_dir, monkeypatch):
     asked = []
 
-    def answer_item(model, tokenizer, item, configs):
+    def answer_item(model, tokenizer, item, configs, runtime):
         asked.append(item)
         # full precision names the first reference, the others name nothing
         return [(c, 300, 1.0 if c == "full" else 3.0, item.answers[0] if c == "full" else "no idea") for c in configs]
@@ -105,10 +105,32 @@ def test_a_real_pool_answers_through_the_fact_finder(tiny_model, tiny_tok):
     assert all(isinstance(answer, str) for *_, answer in answers)
 
 
+def test_the_answers_are_decoded_by_the_runtime_asked_for(tiny_model, tiny_tok, monkeypatch):
+    from polykv_agents import agent as agent_module
+    from polykv_agents.eval.tasks import TaskItem
+
+    runtimes = []
+
+    class RecordingAgent(agent_module.PooledAgent):
+        def __init__(self, *args, runtime, **kwargs):
+            runtimes.append(runtime)
+            super().__init__(*args, runtime=runtime, **kwargs)
+
+    monkeypatch.setattr(agent_module, "PooledAgent", RecordingAgent)
+    item = TaskItem("niah_single", "The magic number is 1234567. " * 5, "What is the magic number?", ("1234567",),
+                    "all", 2, "The magic number is")  # fmt: skip
+    suite.answer_item(tiny_model, tiny_tok, item, ["full", "max"], "private")
+    suite.answer_item(tiny_model, tiny_tok, item, ["full"])
+    assert runtimes == ["private", "private", "decompressed"]  # the graphs' agents' runtime by default
+    assert TasksOptions().runtime == "decompressed"
+    with pytest.raises(ValidationError, match="runtime"):
+        TasksOptions(runtime="batched")
+
+
 def test_results_name_a_local_model_by_its_file_name_and_render_each_model_in_its_own_section(
     tiny_model_dir, monkeypatch, tmp_path
 ):
-    def answer_item(model, tokenizer, item, configs):
+    def answer_item(model, tokenizer, item, configs, runtime):
         return [(config, 9, 1.0, "") for config in configs]
 
     monkeypatch.setattr(suite, "answer_item", answer_item)
@@ -141,7 +163,7 @@ def test_a_stopped_run_continues_from_its_journal_with_the_answers_of_an_unstopp
 ):
     asked = []
 
-    def answer_item(model, tokenizer, item, configs):
+    def answer_item(model, tokenizer, item, configs, runtime):
         asked.append(item.question)
         return [(c, 300, 1.0, f"{c}: {item.answers[0]}") for c in configs]
 
@@ -185,3 +207,44 @@ def test_a_journal_drops_a_whole_record_that_lost_its_line_end(tmp_path):
     reopened.append("256/1", [{"score": 0.0}])
     again = Journal(tmp_path / "j.jsonl", "tasks", {"seed": 0})
     assert again.done == {"256/0": [{"score": 1.0}], "256/1": [{"score": 0.0}]}
+
+
+def test_a_run_adding_a_context_reuses_an_earlier_result_and_its_journal(tiny_model_dir, monkeypatch, tmp_path):
+    """Item ``i`` at context ``c`` is the same question whatever else a run covers, so a result's items and a
+    journal written for other contexts (or fewer items) are answers this run would have made."""
+    asked = []
+
+    def answer_item(model, tokenizer, item, configs, runtime):
+        asked.append(item.question)
+        return [(c, 300, 1.0, f"{c}: {item.answers[0]}") for c in configs]
+
+    monkeypatch.setattr(suite, "answer_item", answer_item)
+    same = {"tasks": ["niah_single", "variable_tracking"], "configs": ["max"], "model": tiny_model_dir}
+    whole = run_tasks(TasksOptions(**same, contexts=[256, 384], items=3)).answers
+    asked.clear()
+
+    earlier = tmp_path / "tasks.json"
+    earlier.write_text(run_tasks(TasksOptions(**same, contexts=[256], items=2)).model_dump_json())
+    journal = tmp_path / "tasks.jsonl"
+    run_tasks(TasksOptions(**same, contexts=[384], items=1, journal=journal))
+    assert len(asked) == 2 + 1
+    steps = []
+    extended = run_tasks(
+        TasksOptions(**same, contexts=[256, 384], items=3, reuse=[earlier], journal=journal), steps.append
+    )
+    assert extended.answers == whole
+    assert len(asked) == 2 + 1 + 3  # 256's third item and 384's last two
+    assert [s.rsplit(", ", 1)[-1] for s in steps if ", from" in s] == ["from an earlier result"] * 2 + [
+        "from the journal"
+    ]
+    assert extended.options["contexts"] == [256, 384] and "reuse" not in extended.options
+
+    with pytest.raises(ValueError, match=r"tasks.json answered other questions \(its options differ in: seed\)"):
+        run_tasks(TasksOptions(**same, contexts=[256], items=2, seed=1, reuse=[earlier]))
+    monkeypatch.setattr(suite, "load_model_for", lambda name: (_Bf16(), None))
+    with pytest.raises(ValueError, match=r"differ in: configs, dtype\)"):
+        run_tasks(TasksOptions(**{**same, "configs": ["default"]}, contexts=[256], items=2, reuse=[earlier]))
+
+
+class _Bf16:
+    dtype = "torch.bfloat16"
