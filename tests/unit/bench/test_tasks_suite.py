@@ -105,7 +105,7 @@ def test_a_real_pool_answers_through_the_fact_finder(tiny_model, tiny_tok):
     assert all(isinstance(answer, str) for *_, answer in answers)
 
 
-def test_the_answers_are_decoded_by_the_runtime_asked_for(tiny_model, tiny_tok, monkeypatch):
+def test_the_answers_are_decoded_by_the_runtime_asked_for(tiny_model, tiny_tok, tiny_model_dir, monkeypatch):
     from polykv_agents import agent as agent_module
     from polykv_agents.eval.tasks import TaskItem
 
@@ -122,6 +122,10 @@ def test_the_answers_are_decoded_by_the_runtime_asked_for(tiny_model, tiny_tok, 
     suite.answer_item(tiny_model, tiny_tok, item, ["full", "max"], "private")
     suite.answer_item(tiny_model, tiny_tok, item, ["full"])
     assert runtimes == ["private", "private", "decompressed"]  # the graphs' agents' runtime by default
+    runtimes.clear()
+    options = TasksOptions(contexts=[256], items=1, tasks=["niah_single"], configs=[], model=tiny_model_dir)
+    assert run_tasks(options.model_copy(update={"runtime": "private"})).options["runtime"] == "private"
+    assert runtimes == ["private"]
     assert TasksOptions().runtime == "decompressed"
     with pytest.raises(ValidationError, match="runtime"):
         TasksOptions(runtime="batched")
@@ -207,6 +211,8 @@ def test_a_journal_drops_a_whole_record_that_lost_its_line_end(tmp_path):
     reopened.append("256/1", [{"score": 0.0}])
     again = Journal(tmp_path / "j.jsonl", "tasks", {"seed": 0})
     assert again.done == {"256/0": [{"score": 1.0}], "256/1": [{"score": 0.0}]}
+    with pytest.raises(JournalMismatchError, match=r"its 'tasks' options differ in: the suite\)"):
+        Journal(tmp_path / "j.jsonl", "frontier", {"seed": 0})
 
 
 def test_a_run_adding_a_context_reuses_an_earlier_result_and_its_journal(tiny_model_dir, monkeypatch, tmp_path):
