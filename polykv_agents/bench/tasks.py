@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, FilePath, ValidationError, field_validator
 
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.journal import Journal
@@ -75,7 +75,7 @@ class TasksOptions(SuiteOptions):
     """JSON Lines file each item's answers are appended to as they are made; a run given the same file and
     options (contexts and items aside) answers only the items not in it, so a stopped run continues where it
     stopped."""
-    reuse: list[Path] = Field(default=[], exclude=True, json_schema_extra={"flag": "--reuse"})
+    reuse: list[FilePath] = Field(default=[], exclude=True, json_schema_extra={"flag": "--reuse"})
     """Earlier `bench tasks` result JSON (repeatable) whose items are taken as answered, when it ran the same
     model, dtype, seed, tasks and configs: a run adding a context to a result answers only the new context."""
 
@@ -208,7 +208,12 @@ def reused_answers(paths: Sequence[Path], settings: dict[str, Any], dtype: str) 
     equal ``settings`` but for :data:`EXTENT`."""
     reused: dict[str, list[TaskAnswer]] = {}
     for path in paths:
-        result = TasksResult.model_validate_json(Path(path).read_text(encoding="utf-8"))
+        try:
+            result = TasksResult.model_validate_json(Path(path).read_text(encoding="utf-8"))
+        except ValidationError as e:
+            msg = f"{path} is not a `bench tasks` result ({e.error_count()} errors, the first: {e.errors()[0]['msg']}, "
+            msg += f"at {'.'.join(map(str, e.errors()[0]['loc'])) or 'the top'}); give --reuse a tasks.json it wrote"
+            raise ValueError(msg) from None
         old = {**result.options, "dtype": result.run_info.dtype}
         new = {**settings, "dtype": dtype}
         changed = sorted(key for key in (old.keys() | new.keys()) - set(EXTENT) if old.get(key) != new.get(key))

@@ -56,6 +56,8 @@ def _cli_type(annotation: Any) -> Any:
         return _cli_type(typing.get_args(annotation)[0])
     if origin in (Union, types.UnionType):
         return functools.reduce(operator.or_, (_cli_type(a) for a in typing.get_args(annotation)))
+    if origin is list:  # a repeatable option: typer parses lists of plain types only
+        return list[_cli_type(typing.get_args(annotation)[0])]
     return annotation
 
 

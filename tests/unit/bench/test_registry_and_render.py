@@ -117,6 +117,11 @@ def test_bad_suite_options_are_one_error_line(tmp_path):
     result = runner.invoke(app, ["bench", "memory", "--document", str(tmp_path / "missing.txt")])
     assert result.exit_code == 1
     assert "error:" in result.stderr and "document" in result.stderr and "Traceback" not in result.output
+    # a repeatable option of checked paths: each value checked, one line each
+    missing = tmp_path / "earlier" / "tasks.json"
+    result = runner.invoke(app, ["bench", "tasks", "--reuse", str(missing), "--reuse", str(missing)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "reuse.0: Path does not point to a file" in result.stderr and "reuse.1" in result.stderr
 
 
 def test_another_models_results_in_their_own_folder_render_as_a_section_of_their_own(tmp_path):

@@ -245,6 +245,11 @@ def test_a_run_adding_a_context_reuses_an_earlier_result_and_its_journal(tiny_mo
     ]
     assert extended.options["contexts"] == [256, 384] and "reuse" not in extended.options
 
+    with pytest.raises(ValidationError, match=r"reuse.0\n  Path does not point to a file"):
+        TasksOptions(**same, reuse=[tmp_path / "nowhere.json"])
+    (tmp_path / "other.json").write_text('{"run_info": {}}')
+    with pytest.raises(ValueError, match=r"other.json is not a `bench tasks` result \(\d+ errors, the first: Field"):
+        run_tasks(TasksOptions(**same, contexts=[256], items=2, reuse=[tmp_path / "other.json"]))
     with pytest.raises(ValueError, match=r"tasks.json answered other questions \(its options differ in: seed\)"):
         run_tasks(TasksOptions(**same, contexts=[256], items=2, seed=1, reuse=[earlier]))
     monkeypatch.setattr(suite, "load_model_for", lambda name: (_Bf16(), None))
