@@ -378,7 +378,7 @@ class TasksSuite(JsonSuite[TasksResult]):
     options = TasksOptions
     reproduce = (
         ("--context", "1024", "--items", "200", *("--config", "default", "--config", "paper", "--config", "max"),
-         "--config", "keys tq4, values tq3", "--runtime", "private"),
+         "--config", "keys tq4, values tq3"),
     )  # fmt: skip
     """What the committed results ran: 1K so far. The default (210 items at four lengths) takes most of a day on
     2 cores; ``--journal`` and ``--reuse`` let it run in parts."""
