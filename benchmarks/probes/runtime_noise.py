@@ -12,6 +12,23 @@ Give it two results of the same model, seed, tasks, configs and items (say ``--r
 
 Per context and config: the paired score change from A to B (points, 95% CI over items), the items whose score
 changed, and the items whose answer is worded differently.
+
+Measured 2026-12-03 on this project's 2-core machine (one torch thread each), SmolLM2-135M-Instruct in bf16, the
+200 items at 1,024 tokens of the committed run, answered by ``--runtime private`` (A: the result committed before
+dd45ee8, ``git show 0f12753:benchmarks/results/tasks.json``) and by the default runtime (B: the one after):
+
+  private -> decompressed, SmolLM2-135M-Instruct
+   1,024  full                    27.8 ->  27.4   -0.4 (-1.4 to +0.6)  score moved on   2 of 200, answer reworded on  41
+   1,024  default                 26.5 ->  26.0   -0.5 (-1.5 to +0.5)  score moved on   1 of 200, answer reworded on  56
+   1,024  paper                   26.2 ->  26.6   +0.4 (-0.6 to +1.4)  score moved on   2 of 200, answer reworded on  46
+   1,024  max                     24.6 ->  24.1   -0.5 (-1.5 to +0.5)  score moved on   1 of 200, answer reworded on  43
+   1,024  keys tq4, values tq3    24.8 ->  24.9   +0.1 (-1.1 to +1.4)  score moved on   2 of 200, answer reworded on  57
+
+- Rounding alone rewords a quarter of the answers but moves the score of 1 or 2 items in 200 per config. The
+  compressed configs move it on 14 to 20 items against each other (`bench tasks`' pairwise table), so what
+  those deltas measure is compression.
+- In fp32 the two runtimes gave identical answers on all 12 checked (4 items at 2,048 tokens x full, default,
+  max), among them the items whose bf16 answers differed.
 """
 
 from __future__ import annotations

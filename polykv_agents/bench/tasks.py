@@ -366,7 +366,7 @@ def readme_table(result: TasksResult) -> str:
     lines += ["", f"Answers worded differently from the full-precision answer (of {items} per context): {reworded}."]
     return (
         f"{result.run_info.model} ({result.run_info.dtype}), {items} items per context over "
-        f"{len(result.options['tasks'])} tasks (`polykv-agents bench tasks{_model_flag(result)}`, "
+        f"{len(result.options['tasks'])} tasks (`polykv-agents bench tasks{_flags(result)}`, "
         f"{result.run_info.date}; points of RULER's string match):\n\n" + "\n".join(lines)
     )
 
@@ -397,7 +397,7 @@ class TasksSuite(JsonSuite[TasksResult]):
         section = [
             f"## Finding the fact in a pooled document: task scores, {result.run_info.model}",
             "",
-            f"Produced by `polykv-agents bench tasks{_model_flag(result)}`.",
+            f"Produced by `polykv-agents bench tasks{_flags(result)}`.",
             body.replace("\n### ", "\n#### ").replace("\n## ", "\n### ").rstrip("\n"),
         ]
         return Rendered(results=section, blocks={"tasks": readme_table(result)})
@@ -432,9 +432,11 @@ def _write_plot(result: TasksResult, out_dir: Path) -> Path:
     return path
 
 
-def _model_flag(result: TasksResult) -> str:
-    model = result.options.get("model")
-    return "" if model is None else f" --model {model}"
+def _flags(result: TasksResult) -> str:
+    """The options that set the result apart from the embedded model's default run, as command-line flags."""
+    model, runtime = result.options.get("model"), result.options.get("runtime")
+    flags = "" if model is None else f" --model {model}"
+    return flags + ("" if runtime == TasksOptions.model_fields["runtime"].default else f" --runtime {runtime}")
 
 
 SUITE = TasksSuite()

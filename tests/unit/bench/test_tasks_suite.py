@@ -124,8 +124,12 @@ def test_the_answers_are_decoded_by_the_runtime_asked_for(tiny_model, tiny_tok, 
     assert runtimes == ["private", "private", "decompressed"]  # the graphs' agents' runtime by default
     runtimes.clear()
     options = TasksOptions(contexts=[256], items=1, tasks=["niah_single"], configs=[], model=tiny_model_dir)
-    assert run_tasks(options.model_copy(update={"runtime": "private"})).options["runtime"] == "private"
-    assert runtimes == ["private"]
+    private = run_tasks(options.model_copy(update={"runtime": "private"}))
+    assert private.options["runtime"] == "private" and runtimes == ["private"]
+    model = private.options["model"]
+    assert f"`polykv-agents bench tasks --model {model} --runtime private`" in suite.readme_table(private)
+    assert "by the `private` runtime" in suite.render_markdown(private)
+    assert f"tasks --model {model}`" in suite.readme_table(run_tasks(options))  # the default runtime: no flag
     assert TasksOptions().runtime == "decompressed"
     with pytest.raises(ValidationError, match="runtime"):
         TasksOptions(runtime="batched")
