@@ -15,7 +15,7 @@ changed, and the items whose answer is worded differently.
 
 Measured 2026-12-03 on this project's 2-core machine (one torch thread each), SmolLM2-135M-Instruct in bf16, the
 200 items at 1,024 tokens of the committed run, answered by ``--runtime private`` (A: the result committed before
-dd45ee8, ``git show 0f12753:benchmarks/results/tasks.json``) and by the default runtime (B: the one after):
+dd45ee8, ``git show 692cb0c:benchmarks/results/tasks.json``) and by the default runtime (B: the one after):
 
   private -> decompressed, SmolLM2-135M-Instruct
    1,024  full                    27.8 ->  27.4   -0.4 (-1.4 to +0.6)  score moved on   2 of 200, answer reworded on  41
