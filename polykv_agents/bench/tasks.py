@@ -77,7 +77,7 @@ class TasksOptions(SuiteOptions):
     stopped."""
     reuse: list[FilePath] = Field(default=[], exclude=True, json_schema_extra={"flag": "--reuse"})
     """Earlier `bench tasks` result JSON (repeatable) whose items are taken as answered, when it ran the same
-    model, dtype, seed, tasks and configs: a run adding a context to a result answers only the new context."""
+    model, dtype, seed, tasks, configs and runtime: a run adding a context answers only the new context."""
 
     @field_validator("tasks")
     @classmethod
@@ -220,7 +220,7 @@ def reused_answers(paths: Sequence[Path], settings: dict[str, Any], dtype: str) 
         if changed:
             msg = (
                 f"{path} answered other questions (its options differ in: {', '.join(changed)}); reuse only "
-                "`bench tasks` results of the same model, dtype, seed, tasks and configs"
+                "`bench tasks` results of the same model, dtype, seed, tasks, configs and runtime"
             )
             raise ValueError(msg)
         for answer in result.answers:  # every item answered by every config, in the order of the options
