@@ -42,7 +42,7 @@ class Journal:
         lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
         written, expected = json.loads(lines[0]), json.loads(_line(header))  # as JSON: tuples and lists alike
         old, new = written.get("options", {}), expected["options"]
-        changed = sorted(key for key in (set(old) | set(new)) - extent if old.get(key) != new.get(key))
+        changed = differing_options(old, new, extent)
         if written.get("journal") != expected["journal"] or changed:
             msg = (
                 f"{self.path} is the journal of another run (its {written.get('journal')!r} options differ in: "
@@ -67,6 +67,11 @@ class Journal:
         with self.path.open("a", encoding="utf-8") as file:  # closed, so written through, before returning
             file.write(_line({"key": key, "records": records}))
         self.done[key] = records
+
+
+def differing_options(old: dict[str, Any], new: dict[str, Any], extent: Collection[str] = ()) -> list[str]:
+    """The option names whose values differ between two runs (sorted), those in ``extent`` left out."""
+    return sorted(key for key in (old.keys() | new.keys()) - set(extent) if old.get(key) != new.get(key))
 
 
 def _line(entry: dict[str, Any]) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, Field, FilePath, ValidationError, field_validator
 
 from polykv_agents.bench.environment import RunInfo
-from polykv_agents.bench.journal import Journal
+from polykv_agents.bench.journal import Journal, differing_options
 from polykv_agents.bench.output import Progress, column, markdown_table
 from polykv_agents.bench.suite import JsonSuite, Rendered, SuiteOptions, load_model_for
 from polykv_agents.config import PRESETS
@@ -216,7 +216,7 @@ def reused_answers(paths: Sequence[Path], settings: dict[str, Any], dtype: str) 
             raise ValueError(msg) from None
         old = {**result.options, "dtype": result.run_info.dtype}
         new = {**settings, "dtype": dtype}
-        changed = sorted(key for key in (old.keys() | new.keys()) - set(EXTENT) if old.get(key) != new.get(key))
+        changed = differing_options(old, new, EXTENT)
         if changed:
             msg = (
                 f"{path} answered other questions (its options differ in: {', '.join(changed)}); reuse only "
