@@ -200,8 +200,7 @@ def render_markdown(result: AdmissionResult) -> str:
     )
     info = result.run_info
     conditions = (
-        f"Machine: {info.machine}, {info.cpu}, {info.torch_threads} torch threads, torch {info.torch}. "
-        f"Model: {info.model} ({info.dtype}). Pool: {result.context_tokens} tokens of pydoc_data.topics; the "
+        info.machine_and_model() + f" Pool: {result.context_tokens} tokens of pydoc_data.topics; the "
         f"newcomer's prompt: {result.prompt_tokens} tokens of another text. Running agents decode "
         f"{result.new_tokens} tokens each; {'compiled' if result.compile_decode else 'eager'} decode steps; medians "
         f"of {result.repetitions} runs after 1 warm-up. {info.date}."

@@ -216,8 +216,7 @@ def render_markdown(result: BlocksResult) -> str:
     info = result.run_info
     named = {row["setting"]: row["named_a_role"] for row in result.settings}["prefill"]
     conditions = (
-        f"Machine: {info.machine}, {info.cpu}, {info.torch_threads} torch threads, torch {info.torch}. "
-        f"Model: {info.model} ({info.dtype}). Pool: {result.context_tokens:,} tokens of a pydoc_data.topics "
+        info.machine_and_model() + f" Pool: {result.context_tokens:,} tokens of a pydoc_data.topics "
         f"document; {result.roles} specialists' findings of at most {result.finding_tokens} tokens each; the critic "
         f"answers {result.critic_tokens} tokens (EOS ignored). {result.documents} documents (the independent samples) "
         "after 1 warm-up document; ranges are the lowest and highest document. The verdict is the first role the "

@@ -203,8 +203,7 @@ def render_markdown(result: CompileResult) -> str:
     )
     info = result.run_info
     conditions = (
-        f"Machine: {info.machine}, {info.cpu}, {info.torch_threads} torch threads, torch {info.torch}. "
-        f"Model: {info.model} ({info.dtype}). Pool: {result.context_tokens} tokens of pydoc_data.topics. Each agent "
+        info.machine_and_model() + f" Pool: {result.context_tokens} tokens of pydoc_data.topics. Each agent "
         f"decodes {result.new_tokens} tokens (EOS ignored); ms per step is the median time between an agent's "
         f"consecutive tokens, medians of {result.repetitions} rounds after 1 warm-up round (which absorbs the "
         "compilations); each round runs eager and compiled in turn. "

@@ -59,3 +59,9 @@ class RunInfo(BaseModel):
             f"{self.machine}, {self.cpu_count} cores ({self.torch_threads} torch threads), {self.device}; "
             f"{self.model}, {self.dtype}; torch {self.torch}, transformers {self.transformers}"
         )
+
+    def machine_and_model(self) -> str:
+        """The two sentences that open a Markdown caption: the machine and software, then the model and dtype."""
+        threads = f"{self.torch_threads} torch thread{'s' if self.torch_threads != 1 else ''}"
+        machine = f"Machine: {self.machine}, {self.cpu}, {threads}, torch {self.torch}."
+        return f"{machine} Model: {self.model} ({self.dtype})."

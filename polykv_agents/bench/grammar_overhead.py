@@ -179,8 +179,7 @@ def render_markdown(result: GrammarOverheadResult) -> str:
     )
     info = result.run_info
     conditions = (
-        f"Machine: {info.machine}, {info.cpu}, {info.torch_threads} torch threads, torch {info.torch}. "
-        f"Model: {info.model} ({info.dtype}). Pool: {result.context_tokens} tokens of pydoc_data.topics. "
+        info.machine_and_model() + f" Pool: {result.context_tokens} tokens of pydoc_data.topics. "
         f"At most {result.max_new_tokens} new tokens per call; median of {result.repetitions} runs after 1 warm-up. "
         f"{info.date}."
     )

@@ -227,8 +227,7 @@ def render_markdown(result: ReuseResult) -> str:
     )
     info = result.run_info
     conditions = (
-        f"Machine: {info.machine}, {info.cpu}, {info.torch_threads} torch threads, torch {info.torch}. "
-        f"Model: {info.model} ({info.dtype}). Pool: {result.context_tokens} tokens of a pydoc_data.topics document. "
+        info.machine_and_model() + f" Pool: {result.context_tokens} tokens of a pydoc_data.topics document. "
         f"Every answer {result.new_tokens} tokens (EOS ignored). Medians over {result.documents} documents after "
         "1 warm-up document; a range is the lowest and highest per-document median. Turn 1 and the planner are "
         f"cold for both engines: each one's scheduler decodes the new pool inside them. {info.date}."

@@ -195,8 +195,7 @@ def render_markdown(result: ProfileResult) -> str:
         tops.append(f"- {r['weights']}, {r['context_tokens']:,} tokens, {r['agents']} agent(s): {listed}")
     info = result.run_info
     conditions = (
-        f"Machine: {info.machine}, {info.cpu}, {info.torch_threads} torch threads, torch {info.torch}. "
-        f"Model: {info.model} ({info.dtype}), {'compiled' if result.compile_decode else 'eager'} decode steps. "
+        info.machine_and_model() + f" {'Compiled' if result.compile_decode else 'Eager'} decode steps. "
         f"Each agent decodes {result.new_tokens} tokens under "
         "`torch.profiler` after one unprofiled warm-up run; figures are per batched decode step (mean over the "
         f"profiled steps), in ms of the compute thread. {info.date}."

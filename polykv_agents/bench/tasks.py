@@ -312,8 +312,7 @@ def render_markdown(result: TasksResult) -> str:
     tasks = list(dict.fromkeys(a.task for a in result.answers))
     parts = [
         "# Finding the fact in a pooled document: task scores\n",
-        f"Machine: {info.machine}, {info.cpu}, {info.torch_threads} torch threads, torch {info.torch}. "
-        f"Model: {info.model} ({info.dtype}). Greedy answers by a fact-finder role over the pooled document, "
+        info.machine_and_model() + f" Greedy answers by a fact-finder role over the pooled document, "
         f"decoded by the `{options['runtime']}` runtime; "
         f"tasks: {', '.join(tasks)}; {options['items']} items per context, each its own document (seed "
         f"{options['seed']}). Scores: RULER's string match, in points; intervals are 95% t-intervals over items, "

@@ -7,6 +7,7 @@ import mmap
 import time
 
 import matplotlib.pyplot as plt
+import pytest
 
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Column, SuiteResult, column, markdown_table, write_suite
@@ -52,3 +53,11 @@ def test_peak_rss_sees_a_transient_allocation():
                 block[offset] = 1  # touched, so resident
             time.sleep(0.05)  # ten sampling intervals, whatever else competes for the cores
     assert rss.peak_bytes - baseline.peak_bytes > 200 * 2**20
+
+
+@pytest.mark.parametrize(("threads", "said"), [(1, "1 torch thread,"), (2, "2 torch threads,")])
+def test_a_caption_opens_with_the_machine_then_the_model(tiny_model, threads, said):
+    info = RunInfo.collect(tiny_model).model_copy(update={"torch_threads": threads, "dtype": "bfloat16"})
+    opening = info.machine_and_model()
+    assert opening.startswith(f"Machine: {info.machine}, {info.cpu}, {said} torch {info.torch}. Model: ")
+    assert opening.endswith(f"Model: {info.model} (bfloat16).")

@@ -58,4 +58,4 @@ def test_a_compiled_step_is_taken_apart_into_its_generated_kernels_and_library_c
     # Inductor's kernels, dynamo's guards, and the matrix products that stay library calls:
     assert groups["generated kernels"] > 0 and groups["graph entry"] > 0 and groups["weights"] > 0
     assert sum(groups.values()) == pytest.approx(row["step_ms_mean"])
-    assert "generated kernels ms" in render_markdown(result) and "compiled decode steps" in render_markdown(result)
+    assert "generated kernels ms" in render_markdown(result) and "Compiled decode steps" in render_markdown(result)
