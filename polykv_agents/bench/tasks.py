@@ -168,8 +168,9 @@ def run_tasks(options: TasksOptions, progress: Progress = lambda _: None) -> Tas
     if options.model is not None:  # its file or folder name: no machine's paths in committed results
         settings["model"] = Path(options.model).name
     journal = None if options.journal is None else Journal(options.journal, "tasks", settings, extent=EXTENT)
+    earlier = read_reused(options.reuse, settings)  # a wrong file is refused before the model loads
     model, tokenizer = load_model_for(options.model)
-    reused = reused_answers(options.reuse, settings, str(model.dtype).removeprefix("torch."))
+    reused = reused_answers(earlier, str(model.dtype).removeprefix("torch."))
     haystack = Haystack(tokenizer)
     answers: list[TaskAnswer] = []
     for context in options.contexts:
@@ -201,12 +202,10 @@ def run_tasks(options: TasksOptions, progress: Progress = lambda _: None) -> Tas
     return TasksResult(run_info=RunInfo.collect(model), options=settings, answers=answers)
 
 
-def reused_answers(paths: Sequence[Path], settings: dict[str, Any], dtype: str) -> dict[str, list[TaskAnswer]]:
-    """The answers of the results at ``paths`` by item key (``"context/item"``).
-
-    A result is refused unless it asked the same questions of the same model in the same dtype: its options
-    equal ``settings`` but for :data:`EXTENT`."""
-    reused: dict[str, list[TaskAnswer]] = {}
+def read_reused(paths: Sequence[Path], settings: dict[str, Any]) -> list[tuple[Path, TasksResult]]:
+    """The results at ``paths``, each refused unless it asked the same questions: its options equal ``settings``
+    but for :data:`EXTENT`. Their dtype is checked once the model has loaded (:func:`reused_answers`)."""
+    results = []
     for path in paths:
         try:
             result = TasksResult.model_validate_json(Path(path).read_text(encoding="utf-8"))
@@ -214,18 +213,29 @@ def reused_answers(paths: Sequence[Path], settings: dict[str, Any], dtype: str) 
             msg = f"{path} is not a `bench tasks` result ({e.error_count()} errors, the first: {e.errors()[0]['msg']}, "
             msg += f"at {'.'.join(map(str, e.errors()[0]['loc'])) or 'the top'}); give --reuse a tasks.json it wrote"
             raise ValueError(msg) from None
-        old = {**result.options, "dtype": result.run_info.dtype}
-        new = {**settings, "dtype": dtype}
-        changed = differing_options(old, new, EXTENT)
-        if changed:
-            msg = (
-                f"{path} answered other questions (its options differ in: {', '.join(changed)}); reuse only "
-                "`bench tasks` results of the same model, dtype, seed, tasks, configs and runtime"
-            )
-            raise ValueError(msg)
+        _refuse_other_questions(path, differing_options(result.options, settings, EXTENT))
+        results.append((Path(path), result))
+    return results
+
+
+def reused_answers(results: Sequence[tuple[Path, TasksResult]], dtype: str) -> dict[str, list[TaskAnswer]]:
+    """The answers of :func:`read_reused`'s results by item key (``"context/item"``), each result refused unless
+    its model ran in ``dtype``."""
+    reused: dict[str, list[TaskAnswer]] = {}
+    for path, result in results:
+        _refuse_other_questions(path, differing_options({"dtype": result.run_info.dtype}, {"dtype": dtype}))
         for answer in result.answers:  # every item answered by every config, in the order of the options
             reused.setdefault(f"{answer.context}/{answer.item}", []).append(answer)
     return reused
+
+
+def _refuse_other_questions(path: Path, changed: list[str]) -> None:
+    if changed:
+        msg = (
+            f"{path} answered other questions (its options differ in: {', '.join(changed)}); reuse only "
+            "`bench tasks` results of the same model, dtype, seed, tasks, configs and runtime"
+        )
+        raise ValueError(msg)
 
 
 # ---------------------------------------------------------------- summaries (from the JSON alone)

@@ -256,9 +256,12 @@ def test_a_run_adding_a_context_reuses_an_earlier_result_and_its_journal(tiny_mo
         run_tasks(TasksOptions(**same, contexts=[256], items=2, reuse=[tmp_path / "other.json"]))
     with pytest.raises(ValueError, match=r"tasks.json answered other questions \(its options differ in: seed\)"):
         run_tasks(TasksOptions(**same, contexts=[256], items=2, seed=1, reuse=[earlier]))
-    monkeypatch.setattr(suite, "load_model_for", lambda name: (_Bf16(), None))
-    with pytest.raises(ValueError, match=r"differ in: configs, dtype\)"):
+    monkeypatch.setattr(suite, "load_model_for", lambda name: pytest.fail("loaded before refusing the result"))
+    with pytest.raises(ValueError, match=r"differ in: configs\)"):
         run_tasks(TasksOptions(**{**same, "configs": ["default"]}, contexts=[256], items=2, reuse=[earlier]))
+    monkeypatch.setattr(suite, "load_model_for", lambda name: (_Bf16(), None))
+    with pytest.raises(ValueError, match=r"tasks.json answered other questions \(its options differ in: dtype\)"):
+        run_tasks(TasksOptions(**same, contexts=[256], items=2, reuse=[earlier]))
 
 
 class _Bf16:
