@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate every measured result in benchmarks/results/ and the docs rendered from them, one run after
-# another in its own process (never in parallel: they time the same CPU). About 2 hours on 2 cores.
+# another in its own process (never in parallel: they time the same CPU). About 2 hours on 2 cores, plus
+# `bench tasks`: 1 to 1.5 hours per model and context length (200 items; measured at 1K and 2K, one thread).
 #
 #   [LLAMA_SERVER=path/to/llama-server] bash benchmarks/run_all.sh [PEER_PYTHON]
 #

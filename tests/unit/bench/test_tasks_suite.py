@@ -166,6 +166,30 @@ def test_reworded_answers_count_the_items_whose_text_differs_from_full_precision
     assert suite.reworded_answers(answers, "max", 1024) == 0  # no items at that length
 
 
+def test_the_readme_table_has_a_column_per_context_and_a_ratio_range_where_the_contexts_differ(tiny_model):
+    from polykv_agents.bench.environment import RunInfo
+
+    answers = [
+        _answer(item, config, 1.0, context=c) for c in (512, 1024) for item in range(2) for config in ("full", "max")
+    ]
+    answers = [  # max's scales weigh a little more in the shorter pool; its answer to item 0 at 1024 is reworded
+        a.model_copy(update={"compression_ratio": 4.31 if a.context == 512 else 4.36})
+        if a.config == "max" else a for a in answers
+    ]  # fmt: skip
+    answers[5] = answers[5].model_copy(update={"answer": "other words"})
+    options = TasksOptions(configs=["max"], items=2).model_dump()
+    table = suite.readme_table(
+        suite.TasksResult(run_info=RunInfo.collect(tiny_model), options=options, answers=answers)
+    )
+    assert (
+        "| preset | x vs fp16 | score at 512 tokens (vs full, 95% CI) | score at 1,024 tokens (vs full, 95% CI) |"
+        in table
+    )
+    assert "| full | 1.00x | 100.0 | 100.0 |" in table
+    assert "| max | 4.31–4.36x | 100.0 (+0.0 (+0.0 to +0.0)) | 100.0 (+0.0 (+0.0 to +0.0)) |" in table
+    assert "(of 2 per context): max: 0 at 512, 1 at 1,024." in table
+
+
 def test_a_stopped_run_continues_from_its_journal_with_the_answers_of_an_unstopped_one(
     tiny_model_dir, monkeypatch, tmp_path
 ):
