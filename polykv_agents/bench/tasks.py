@@ -223,7 +223,7 @@ def reused_answers(results: Sequence[tuple[Path, TasksResult]], dtype: str) -> d
     its model ran in ``dtype``."""
     reused: dict[str, list[TaskAnswer]] = {}
     for path, result in results:
-        _refuse_other_questions(path, differing_options({"dtype": result.run_info.dtype}, {"dtype": dtype}))
+        _refuse_other_questions(path, [] if result.run_info.dtype == dtype else ["dtype"])
         for answer in result.answers:  # every item answered by every config, in the order of the options
             reused.setdefault(f"{answer.context}/{answer.item}", []).append(answer)
     return reused
