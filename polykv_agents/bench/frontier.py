@@ -12,7 +12,7 @@ config within the bound the project holds a preset to: mean delta <= +1% at ever
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from pydantic import Field
 
@@ -56,6 +56,23 @@ aside), so that a name keeps meaning the same pool when a preset is re-decided."
 def config_named(name: str) -> CompressionConfig:
     """A preset (``default``, ``max``, ...) or one of :data:`CONFIGS` by name."""
     return CompressionConfig.preset(name) if name in PRESETS else CONFIGS[name]
+
+
+def compressed_config_names(names: Iterable[str]) -> list[str]:
+    """``names`` in order, repeats and ``full`` (the uncompressed reference, always measured) left out: the
+    ``--config`` of the suites that compare pools with full precision. A ValueError lists the choices if a name
+    is neither a preset nor one of :data:`CONFIGS`."""
+    names = list(dict.fromkeys(name for name in names if name != "full"))
+    unknown = sorted(set(names) - set(PRESETS) - set(CONFIGS))
+    if unknown:
+        raise ValueError(f"unknown compression config(s) {unknown}; {CONFIG_CHOICES}")
+    return names
+
+
+CONFIG_CHOICES = (
+    f"choose among the presets {', '.join(p for p in PRESETS if p != 'full')} or the frontier's configs: "
+    f"{', '.join(map(repr, CONFIGS))}"
+)
 
 
 class FrontierOptions(SweepOptions):

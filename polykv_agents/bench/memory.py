@@ -23,7 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.agent import PooledAgent
 from polykv_agents.bench.environment import RunInfo
-from polykv_agents.bench.output import Progress, SuiteResult
+from polykv_agents.bench.output import MIB, Column, Progress, SuiteResult, column, markdown_table
 from polykv_agents.bench.rss import PeakRss
 from polykv_agents.bench.suite import SuiteOptions, TableSuite, document_text, load_model_for
 from polykv_agents.config import CompressionConfig
@@ -151,9 +151,26 @@ def _measure(options: MemoryOptions, progress: Progress) -> SuiteResult:
     )
 
 
+def readme_blocks(result: SuiteResult) -> dict[str, str]:
+    """The README's memory table: per context, the pool against one fp16 cache, and the KV alive with the most
+    agents at once against a cache per agent."""
+    agents = max(row["agents"] for row in result.rows)
+    columns = [
+        column("context tokens", "context_tokens", "{:,}"),
+        Column(f"pool ({result.settings['config']})", lambda r: f"{r['pool_nbytes'] / MIB:,.2f} MiB"),
+        Column("x vs one fp16 cache", lambda r: f"{r['fp16_nbytes'] / r['pool_nbytes']:.2f}x"),
+        Column(
+            f"KV with {agents} agents at once: ours vs a cache each",
+            lambda r: f"{r['kv_bytes_ours_peak'] / MIB:,.1f} vs {r['kv_bytes_separate_model_dtype'] / MIB:,.1f} MiB",
+        ),
+    ]
+    return {"memory": markdown_table([row for row in result.rows if row["agents"] == agents], columns)}
+
+
 SUITE = TableSuite(
     "memory",
     "KV bytes and peak RSS for 1..15 agents at 600..7K tokens, ours vs a cache per agent.",
     MemoryOptions,
     _measure,
+    blocks=readme_blocks,
 )

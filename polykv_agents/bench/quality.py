@@ -12,14 +12,16 @@ pooled answers with full-precision answers.
 from __future__ import annotations
 
 import functools
+import shlex
 import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.agent import PooledAgent
+from polykv_agents.bench.ablation import pct_interval
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress, SuiteResult
 from polykv_agents.bench.suite import TableSuite, load_model_for
@@ -134,22 +136,77 @@ def run_quality_suite(
 class QualityOptions(SweepOptions):
     contexts: list[int] = Field(default=[600, 2048, 4096, 7168], json_schema_extra={"flag": "--context"})
     """Context length (repeatable)."""
+    configs: list[str] = Field(
+        default=["default", "paper", "max"], validate_default=True, json_schema_extra={"flag": "--config"}
+    )
+    """Compression presets or `bench frontier` configs to compare with full precision (repeatable)."""
+    agreement_context: int = Field(default=2048, ge=1)
+    """Document tokens the agreement questions are asked over."""
+
+    @field_validator("configs")
+    @classmethod
+    def _known_configs(cls, configs: list[str]) -> list[str]:
+        from polykv_agents.bench.frontier import CONFIG_CHOICES, compressed_config_names
+
+        names = compressed_config_names(configs)
+        if not names:
+            raise ValueError(f"no compressed config to compare with full precision; {CONFIG_CHOICES}")
+        return names
 
 
 def _measure(options: QualityOptions, progress: Progress) -> SuiteResult:
+    from polykv_agents.bench.frontier import config_named
     from polykv_agents.eval.corpus import pydoc_documents
     from polykv_agents.eval.embeddings import minilm_similarity
 
     texts = pydoc_documents(options.documents)
     model, tokenizer = load_model_for(options.model)
     return run_quality_suite(
-        model, tokenizer, texts, contexts=options.contexts, similarity=minilm_similarity(), progress=progress
+        model,
+        tokenizer,
+        texts,
+        contexts=options.contexts,
+        configs={name: config_named(name) for name in options.configs},
+        agreement_context=options.agreement_context,
+        similarity=minilm_similarity(),
+        progress=progress,
     )
 
+
+def readme_blocks(result: SuiteResult) -> dict[str, str]:
+    """The README's perplexity table: per context, each config's measured size and mean PPL delta [95% CI]."""
+    ppl = {(row["config"], row["context_tokens"]): row for row in result.rows if row["kind"] == "ppl"}
+    configs = list(dict.fromkeys(config for config, _ in ppl))
+    contexts = result.settings["contexts"]
+    labels = [f"{name} ({ppl[(name, contexts[0])]['config_label']})" for name in configs]
+    lines = [
+        "| context tokens | " + " | ".join(labels) + " |",
+        "|---:|" + "---:|" * len(configs),
+    ]
+    for context in contexts:
+        cells = [f"{ppl[(name, context)]['compression_ratio_vs_fp16']:.2f}x, {pct_interval(ppl[(name, context)])}"
+                 for name in configs]  # fmt: skip
+        lines.append(f"| {context:,} | " + " | ".join(cells) + " |")
+    info, settings = result.info, result.settings
+    lines += [
+        "",
+        f"Each cell: the pool's size against the model's cache in fp16 (measured bytes), then the perplexity "
+        f"delta of the {settings['continuation_tokens']} tokens after the prefix, mean over "
+        f"{settings['documents']} disjoint texts of pydoc_data.topics [95% CI]. {info.model}, {info.dtype}; "
+        f"every config compressed from one prefill per text (`polykv-agents bench quality`).",
+    ]
+    return {"quality": "\n".join(lines)}
+
+
+REPRODUCE = ("--config", "default", "--config", "paper", "--config", "max", "--config", "keys tq4, values tq3")
+"""The presets and the ``max`` of 0.1, which the README's quality table compares."""
 
 SUITE = TableSuite(
     "quality",
     "PPL delta by context and preset over several texts; pooled vs full-precision answer agreement.",
     QualityOptions,
     _measure,
+    command=f"polykv-agents bench quality {shlex.join(REPRODUCE)}",
+    reproduce=(REPRODUCE,),
+    blocks=readme_blocks,
 )

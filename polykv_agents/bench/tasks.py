@@ -28,7 +28,6 @@ from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.journal import Journal, differing_options
 from polykv_agents.bench.output import Progress, column, markdown_table
 from polykv_agents.bench.suite import JsonSuite, Rendered, SuiteOptions, load_model_for
-from polykv_agents.config import PRESETS
 from polykv_agents.runtime.backend import Runtime
 
 FACT_FINDER_PROMPT = (
@@ -90,17 +89,10 @@ class TasksOptions(SuiteOptions):
 
     @field_validator("configs")
     @classmethod
-    def _known_presets(cls, configs: list[str]) -> list[str]:
-        from polykv_agents.bench.frontier import CONFIGS
+    def _known_configs(cls, configs: list[str]) -> list[str]:
+        from polykv_agents.bench.frontier import compressed_config_names
 
-        unknown = sorted(set(configs) - set(PRESETS) - set(CONFIGS))
-        if unknown:
-            msg = (
-                f"unknown compression preset(s) {unknown}; choose among the presets {', '.join(PRESETS)} or the "
-                f"frontier's configs: {', '.join(map(repr, CONFIGS))}"
-            )
-            raise ValueError(msg)
-        return [REFERENCE, *dict.fromkeys(c for c in configs if c != REFERENCE)]
+        return [REFERENCE, *compressed_config_names(configs)]
 
 
 class TaskAnswer(BaseModel):
