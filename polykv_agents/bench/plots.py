@@ -120,22 +120,37 @@ def frontier(rows: Sequence[dict], front: Sequence[str], budget_pct: float, targ
     return figure
 
 
+CONFIG_MARKERS = "osD^vP*Xph<>"
+"""One hollow marker per config, so that configs of the same size (``default`` and ``paper``) stay apart."""
+
+
 def task_score_vs_bytes(rows: Sequence[dict], model: str):
-    """Task score (mean, 95% CI over items) against measured bits per element, one colour per context."""
-    figure, axis = plt.subplots(figsize=(7.5, 4.5))
+    """Task score (mean, 95% CI over items) against measured bits per element: one colour per context, one
+    marker per config (two legends beside the axes: points of equal size would bury name labels)."""
+    from matplotlib.lines import Line2D
+
+    figure, axis = plt.subplots(figsize=(9, 4.5))
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    marker = {config: CONFIG_MARKERS[index % len(CONFIG_MARKERS)] for index, config in enumerate(configs)}
     for index, context in enumerate(sorted({r["context"] for r in rows})):
+        colour = f"C{index}"
         points = sorted((r for r in rows if r["context"] == context), key=lambda r: -r["ratio"])
-        bits = [16 / r["ratio"] for r in points]
-        means = [r["score"]["mean"] for r in points]
-        errors = _errors(means, [r["score"]["low"] for r in points], [r["score"]["high"] for r in points])
-        axis.errorbar(bits, means, yerr=errors, fmt="o-", color=f"C{index}", capsize=3, label=f"{context:,} tokens")
-        for bit, mean, row in zip(bits, means, points, strict=True):
-            axis.annotate(row["config"], (bit, mean), fontsize=6, xytext=(4, 2), textcoords="offset points")
+        axis.plot([16 / r["ratio"] for r in points], [r["score"]["mean"] for r in points], "-", color=colour,
+                  alpha=0.6, label=f"{context:,} tokens")  # fmt: skip
+        for row in points:
+            mean, low, high = (row["score"][key] for key in ("mean", "low", "high"))
+            axis.errorbar([16 / row["ratio"]], [mean], yerr=_errors([mean], [low], [high]), fmt=marker[row["config"]],
+                          color=colour, fillstyle="none", capsize=3)  # fmt: skip
     axis.set_xlabel("bits per element, measured (16 / ratio vs fp16)")
     axis.set_ylabel("task score, points (RULER string match)")
     axis.set_title(f"Finding the fact against pool size: {model}")
     axis.grid(True, alpha=0.3)
-    axis.legend(fontsize=8)
+    contexts = axis.legend(fontsize=8, title="context", loc="upper left", bbox_to_anchor=(1.02, 1))
+    axis.add_artist(contexts)
+    handles = [Line2D([], [], marker=marker[c], color="grey", linestyle="none", fillstyle="none", label=c)
+               for c in configs]  # fmt: skip
+    axis.legend(handles=handles, fontsize=8, title="config", loc="lower left", bbox_to_anchor=(1.02, 0))
+    figure.tight_layout()
     return figure
 
 
