@@ -58,6 +58,13 @@ def config_named(name: str) -> CompressionConfig:
     return CompressionConfig.preset(name) if name in PRESETS else CONFIGS[name]
 
 
+CONFIG_CHOICES = (
+    f"choose among the presets {', '.join(p for p in PRESETS if p != 'full')} or the frontier's configs: "
+    f"{', '.join(map(repr, CONFIGS))}"
+)
+"""What a refused ``--config`` is told to choose from."""
+
+
 def compressed_config_names(names: Iterable[str]) -> list[str]:
     """``names`` in order, repeats and ``full`` (the uncompressed reference, always measured) left out: the
     ``--config`` of the suites that compare pools with full precision. A ValueError lists the choices if a name
@@ -67,12 +74,6 @@ def compressed_config_names(names: Iterable[str]) -> list[str]:
     if unknown:
         raise ValueError(f"unknown compression config(s) {unknown}; {CONFIG_CHOICES}")
     return names
-
-
-CONFIG_CHOICES = (
-    f"choose among the presets {', '.join(p for p in PRESETS if p != 'full')} or the frontier's configs: "
-    f"{', '.join(map(repr, CONFIGS))}"
-)
 
 
 class FrontierOptions(SweepOptions):
