@@ -42,7 +42,7 @@ def memory_vs_agents(rows: Sequence[dict]):
     return figure
 
 
-def ppl_delta_vs_context(rows: Sequence[dict]):
+def ppl_delta_vs_context(rows: Sequence[dict], model: str):
     """Mean perplexity delta against context length, one line per config, range shaded."""
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for index, config in enumerate(dict.fromkeys(r["config"] for r in rows)):
@@ -59,7 +59,7 @@ def ppl_delta_vs_context(rows: Sequence[dict]):
     axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # only the measured lengths
     axis.set_xlabel("context tokens in the pool")
     axis.set_ylabel("perplexity delta vs full precision (%)")
-    axis.set_title("Perplexity cost of compression (mean; shaded: min..max over documents)")
+    axis.set_title(f"Perplexity cost of compression: {model}\n(mean; shaded: min..max over documents)")
     axis.grid(True, alpha=0.3)
     axis.legend(fontsize=8)
     return figure

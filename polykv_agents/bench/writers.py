@@ -132,7 +132,7 @@ def write_quality(result: SuiteResult, out_dir: Path) -> list[Path]:
         "all-MiniLM-L6-v2 sentence embeddings, not BERTScore (which needs a roberta-large download):\n\n"
         + markdown_table(agreement, agreement_columns)
     ]
-    figures = {"ppl_vs_context": plots.ppl_delta_vs_context(ppl)}
+    figures = {"ppl_vs_context": plots.ppl_delta_vs_context(ppl, result.info.model)}
     return write_suite(result, out_dir, title="Quality", columns=columns, figures=figures, notes=notes, table_rows=ppl)
 
 
