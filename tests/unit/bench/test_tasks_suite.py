@@ -30,6 +30,11 @@ def test_compressed_configs_are_paired_against_each_other_on_the_same_items():
     assert rows[("small", "max")]["difference"]["mean"] == pytest.approx(100 / 3)  # +1, +1, -1
     assert rows[("small", "max")]["differing"] == 3
     assert rows[("small", "max")]["difference"]["n"] == 3
+    answers.append(_answer(0, "default", 0.0, context=1024))  # item 0 again, at another length: its own pair
+    every = {(r["config"], r["against"]): r for r in suite.pairwise_rows(answers, None)}
+    assert every[("max", "default")]["difference"]["n"] == 4
+    assert every[("max", "default")]["difference"]["mean"] == pytest.approx(0)  # -100 at 512, +100 at 1024
+    assert every[("small", "default")]["difference"]["n"] == 3  # small has no answer at 1024
 
 
 def test_full_precision_is_always_the_first_preset_scored():
@@ -177,16 +182,18 @@ def test_the_readme_table_has_a_column_per_context_and_a_ratio_range_where_the_c
         if a.config == "max" else a for a in answers
     ]  # fmt: skip
     answers[5] = answers[5].model_copy(update={"answer": "other words"})
+    answers[6] = answers[6].model_copy(update={"score": 0.0})  # full misses item 1 at 1024, max finds it
     options = TasksOptions(configs=["max"], items=2).model_dump()
     table = suite.readme_table(
         suite.TasksResult(run_info=RunInfo.collect(tiny_model), options=options, answers=answers)
     )
     assert (
-        "| preset | x vs fp16 | score at 512 tokens (vs full, 95% CI) | score at 1,024 tokens (vs full, 95% CI) |"
-        in table
+        "| preset | x vs fp16 | score at 512 tokens (vs full, 95% CI) | score at 1,024 tokens (vs full, 95% CI) "
+        "| every context, 4 items (vs full, 95% CI) |" in table
     )
-    assert "| full | 1.00x | 100.0 | 100.0 |" in table
-    assert "| max | 4.31–4.36x | 100.0 (+0.0 (+0.0 to +0.0)) | 100.0 (+0.0 (+0.0 to +0.0)) |" in table
+    assert "| full | 1.00x | 100.0 | 50.0 | 75.0 |" in table
+    assert "| max | 4.31–4.36x | 100.0 (+0.0 (+0.0 to +0.0)) | 100.0 (+50.0 (-585.3 to +685.3)) " in table
+    assert "| 100.0 (+25.0 (-54.6 to +104.6)) |" in table  # +100 on one of the 4 items
     assert "(of 2 per context): max: 0 at 512, 1 at 1,024." in table
 
 
