@@ -53,13 +53,17 @@ CONFIGS: dict[str, CompressionConfig] = {
 aside), so that a name keeps meaning the same pool when a preset is re-decided."""
 
 
+REFERENCE = "full"
+"""The preset every compressed one is compared with: the uncompressed cache, always measured."""
+
+
 def config_named(name: str) -> CompressionConfig:
     """A preset (``default``, ``max``, ...) or one of :data:`CONFIGS` by name."""
     return CompressionConfig.preset(name) if name in PRESETS else CONFIGS[name]
 
 
 CONFIG_CHOICES = (
-    f"choose among the presets {', '.join(p for p in PRESETS if p != 'full')} or the frontier's configs: "
+    f"choose among the presets {', '.join(p for p in PRESETS if p != REFERENCE)} or the frontier's configs: "
     f"{', '.join(map(repr, CONFIGS))}"
 )
 """What a refused ``--config`` is told to choose from."""
@@ -69,7 +73,7 @@ def compressed_config_names(names: Iterable[str]) -> list[str]:
     """``names`` in order, repeats and ``full`` (the uncompressed reference, always measured) left out: the
     ``--config`` of the suites that compare pools with full precision. A ValueError lists the choices if a name
     is neither a preset nor one of :data:`CONFIGS`."""
-    names = list(dict.fromkeys(name for name in names if name != "full"))
+    names = list(dict.fromkeys(name for name in names if name != REFERENCE))
     unknown = sorted(set(names) - set(PRESETS) - set(CONFIGS))
     if unknown:
         raise ValueError(f"unknown compression config(s) {unknown}; {CONFIG_CHOICES}")

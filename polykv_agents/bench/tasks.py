@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, Field, FilePath, ValidationError, field_validator
 
 from polykv_agents.bench.environment import RunInfo
+from polykv_agents.bench.frontier import REFERENCE, compressed_config_names, config_named
 from polykv_agents.bench.journal import Journal, differing_options
 from polykv_agents.bench.output import Progress, column, markdown_table
 from polykv_agents.bench.suite import JsonSuite, Rendered, SuiteOptions, load_model_for
@@ -36,9 +37,6 @@ FACT_FINDER_PROMPT = (
 )
 """The role that asks every question, as a specialist of the review graph would (a system message after the
 pool's shared prefix)."""
-
-REFERENCE = "full"
-"""The preset every other one is compared with: the uncompressed cache."""
 
 EXTENT = ("contexts", "items")
 """Options that say how far a run goes, not what it answers: item ``i`` at context ``c`` is the same document
@@ -90,8 +88,6 @@ class TasksOptions(SuiteOptions):
     @field_validator("configs")
     @classmethod
     def _known_configs(cls, configs: list[str]) -> list[str]:
-        from polykv_agents.bench.frontier import compressed_config_names
-
         return [REFERENCE, *compressed_config_names(configs)]
 
 
@@ -135,7 +131,6 @@ def answer_item(
     """``(config, pool tokens, compression ratio, answer)`` per preset: one prefill, every preset compressed
     from that cache, the fact finder's greedy answer over each pool, decoded by ``runtime``."""
     from polykv_agents.agent import PooledAgent
-    from polykv_agents.bench.frontier import config_named
     from polykv_agents.pool.documents import tokenize_document
     from polykv_agents.pool.prefill import prefill_cache
     from polykv_agents.pool.shared_pool import SharedKVPool
