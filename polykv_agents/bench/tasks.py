@@ -391,12 +391,12 @@ class TasksSuite(JsonSuite[TasksResult]):
     result_type = TasksResult
     options = TasksOptions
     reproduce = (
-        ("--context", "1024", "--context", "2048", "--context", "4096", "--items", "200",
+        ("--context", "1024", "--context", "2048", "--context", "4096", "--context", "7168", "--items", "200",
          *("--config", "default", "--config", "paper", "--config", "max"), "--config", "keys tq4, values tq3"),
     )  # fmt: skip
-    """What the committed results ran: 1K to 4K so far (about 2 hours per 200 items at 4K on one core). The default
-    (210 items at four lengths) takes most of a day on 2 cores; ``--journal`` and ``--reuse`` let it run in parts,
-    and the runs in progress are committed in ``benchmarks/journals/``."""
+    """What the committed results ran: the four lengths, about 9 hours per model on one core (200 items at 7K alone
+    take over 3). ``--journal`` and ``--reuse`` let it run in parts, over several sessions; a run in progress is
+    committed in ``benchmarks/journals/``."""
 
     def run(self, options: TasksOptions, progress: Progress) -> TasksResult:
         return run_tasks(options, progress)

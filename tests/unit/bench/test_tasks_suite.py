@@ -3,12 +3,17 @@ summaries pair each preset's answer with the full-precision answer to the same i
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
 from polykv_agents.bench import tasks as suite
 from polykv_agents.bench.journal import Journal, JournalMismatchError
 from polykv_agents.bench.tasks import TaskAnswer, TasksOptions, run_tasks, summary_rows
+
+RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
 
 
 def test_unknown_tasks_and_presets_are_refused_with_the_choices():
@@ -297,3 +302,26 @@ def test_a_run_adding_a_context_reuses_an_earlier_result_and_its_journal(tiny_mo
 
 class _Bf16:
     dtype = "torch.bfloat16"
+
+
+@pytest.mark.parametrize("result", ["tasks.json", "gemma-3-270m-q4_k_m/tasks.json"])
+def test_the_committed_task_results_hold_what_the_planned_run_answers(result, monkeypatch):
+    """`bench plan` (run by run_all.sh, whose Gemma line repeats its options with `--model`) must rerun what the
+    committed results hold: the same contexts, item count, tasks and configs. Options are read through the CLI
+    as a user's run reads them; the run itself is replaced."""
+    from typer.testing import CliRunner
+
+    from polykv_agents.cli.main import app
+
+    planned: list[TasksOptions] = []
+
+    def capture(options: TasksOptions, progress) -> None:
+        planned.append(options)
+        raise KeyboardInterrupt  # stop before anything is measured or written
+
+    monkeypatch.setattr(suite.SUITE, "run", capture)
+    for arguments in suite.SUITE.reproduce:
+        CliRunner().invoke(app, ["bench", "tasks", *arguments])
+    assert len(planned) == 1, "one planned task run"
+    committed = json.loads((RESULTS / result).read_text(encoding="utf-8"))["options"]
+    assert planned[0].model_dump(exclude={"model"}) == {k: v for k, v in committed.items() if k != "model"}
