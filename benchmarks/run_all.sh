@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate every measured result in benchmarks/results/ and the docs rendered from them, one run after
 # another in its own process (never in parallel: they time the same CPU). About 2 hours on 2 cores, plus
-# `bench tasks`: about 9 hours per model for its four context lengths (200 items each, one thread; 7K alone takes
+# `bench tasks`: about 8 hours per model for its four context lengths (200 items each, one thread; 7K alone takes
 # over 3 hours). Its `--journal` lets it stop and continue (benchmarks/journals/README.md).
 #
 #   [LLAMA_SERVER=path/to/llama-server] bash benchmarks/run_all.sh [PEER_PYTHON]

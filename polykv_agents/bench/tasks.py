@@ -394,7 +394,7 @@ class TasksSuite(JsonSuite[TasksResult]):
         ("--context", "1024", "--context", "2048", "--context", "4096", "--context", "7168", "--items", "200",
          *("--config", "default", "--config", "paper", "--config", "max"), "--config", "keys tq4, values tq3"),
     )  # fmt: skip
-    """What the committed results ran: the four lengths, about 9 hours per model on one core (200 items at 7K alone
+    """What the committed results ran: the four lengths, about 8 hours per model on one core (200 items at 7K alone
     take over 3). ``--journal`` and ``--reuse`` let it run in parts, over several sessions; a run in progress is
     committed in ``benchmarks/journals/``."""
 
