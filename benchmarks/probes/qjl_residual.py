@@ -55,9 +55,10 @@ from polykv_agents.codecs.bitpack import pack_codes
 from polykv_agents.codecs.turboquant import TurboQuantCodec
 from polykv_agents.config import CodecConfig, CompressionConfig
 from polykv_agents.eval.corpus import pydoc_documents
-from polykv_agents.eval.perplexity import continuation_nll, perplexity_deltas, prefix_and_continuation
+from polykv_agents.eval.perplexity import continuation_nll, prefix_and_continuation
 from polykv_agents.model.compat import cache_from_key_values, layer_key_values
 from polykv_agents.pool.prefill import prefill_cache
+from polykv_agents.pool.shared_pool import SharedKVPool
 
 VARIANTS = {  # name -> (key MSE bits, QJL sketch of the key residual)
     "keys tq4, values tq3": (4, False),
@@ -142,11 +143,9 @@ def main() -> None:
         reference = CompressionConfig(
             keys=CodecConfig(method="turboquant", bits=4), values=CodecConfig(method="turboquant", bits=3), seed=SEED
         )
-        (result,) = perplexity_deltas(
-            model, tokenizer, text, context_tokens=args.context, continuation_tokens=args.continuation,
-            configs=[reference],
-        )  # fmt: skip
-        library.append(result.delta_pct)
+        pool = SharedKVPool.from_cache(model, tokenizer, cache, prefix, config=reference)  # the same prefill
+        pooled = math.exp(continuation_nll(model, pool.to_cache(model), continuation, args.context))
+        library.append(100 * (pooled - full) / full)
         print(f"text {len(library)}: " + ", ".join(f"{n}: {d[-1]:+.2f}%" for n, d in deltas.items()), flush=True)
     for name, values in deltas.items():
         delta = mean_interval(values)
