@@ -81,7 +81,8 @@ def write_suite(
     settings = ", ".join(f"{k}={v}" for k, v in result.settings.items())
     parts = [
         f"### {title}",
-        f"Measured on {result.info.sentence()}; {result.info.date}. Settings: {settings}.",
+        f"Measured on {result.info.sentence()}; {result.info.date}. {result.info.commit_sentence()} "
+        f"Settings: {settings}.",
         markdown_table(result.rows if table_rows is None else table_rows, columns),
         *notes,
         *(f"![{p.stem}]({p.name})" for p in images),
