@@ -2,15 +2,19 @@
 
     python benchmarks/render_results.py
 
-Measures nothing: every registered suite (``polykv_agents.bench.registry``) reads its JSON, rewrites its
-Markdown and plots, and returns what the docs include (``polykv_agents.bench.render``).
+Measures nothing: every registered suite (``benchmarks/registry.py``) reads its JSON, rewrites its Markdown and
+plots, and returns what the docs include (``benchmarks/render.py``).
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from polykv_agents.bench.render import render_docs
+# A script's import path starts at its own folder; `benchmarks` is a package of the repository root, not installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.render import render_docs
 
 ROOT = Path(__file__).resolve().parents[1]
 

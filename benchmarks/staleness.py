@@ -1,7 +1,7 @@
 """Is a committed result still the output of the code in this checkout? A suite's figures are stale when a
 file it measures changed after the commit its JSON names.
 
-Data flow: a suite's rendered results carry the :class:`~polykv_agents.bench.environment.RunInfo` of each
+Data flow: a suite's rendered results carry the :class:`~polykv_agents.bench.provenance.Provenance` of each
 run -> :func:`changed_sources` lists the files matched by the suite's :data:`SUITE_SOURCES` whose content in
 the working tree is not in that commit's tree (by git blob hash, so a file moved unchanged still counts as
 the same) -> :func:`stale_note` words the mark the docs print under the section.
@@ -20,7 +20,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from polykv_agents.bench.environment import RunInfo
+from polykv_agents.bench.provenance import Provenance
 
 _CORE = ("polykv_agents/codecs/**", "polykv_agents/pool/**", "polykv_agents/config.py")
 """The compression itself: every suite measures it."""
@@ -89,15 +89,15 @@ def changed_sources(root: Path, commit: str, patterns: Sequence[str]) -> list[st
     return sorted(p for p in matched if (root / p).is_file() and blob_hash(root / p) not in blobs)
 
 
-def stale_note(root: Path, suite: str, runs: Sequence[RunInfo]) -> str | None:
+def stale_note(root: Path, suite: str, runs: Sequence[Provenance]) -> str | None:
     """One Markdown line saying why the suite's figures may not be this code's, or ``None`` when every run's
     commit is known and none of the suite's sources changed since."""
     patterns = SUITE_SOURCES.get(suite)
     if patterns is None:
         msg = f"suite {suite!r} names no sources in benchmarks/staleness.py SUITE_SOURCES: add them"
         raise KeyError(msg)
-    commits = sorted({run.git_commit for run in runs if run.git_commit}, key=str)
-    if not runs or len(commits) < len(runs) and any(run.git_commit is None for run in runs):
+    commits = sorted({run.git_commit for run in runs if run.git_commit})
+    if not runs or any(run.git_commit is None for run in runs):
         return "**Stale?** A run behind this section names no commit: which code it measured is unknown."
     changed: set[str] = set()
     for commit in commits:

@@ -259,7 +259,7 @@ def build_graph(
             role call runs on its workers, one model replica per node (``None``: all in this process).
         engine: The :class:`polykv_agents.Engine` that holds models, pools and schedulers (``None``: the default).
         prefetch: A prefetch node to use instead of one made from the arguments above, e.g. the no-pool
-            baseline benchmarks compare with (:class:`polykv_agents.bench.baselines.ReprefillDocument`).
+            baseline benchmarks compare with (:class:`benchmarks.studies.baselines.ReprefillDocument`).
     """
     if prefetch is None:
         prefetch = PrefetchDocument(

@@ -467,9 +467,10 @@ class CompressionConfig(BaseModel):
     @classmethod
     def max_compression(cls) -> CompressionConfig:
         """The ``max`` preset: 4-bit centered TurboQuant keys compressed before RoPE and 3-bit centered TurboQuant
-        values. ``bench frontier`` measured it the smallest pool within +1% perplexity on SmolLM2-135M at 2K
-        tokens (4.36x), and better than 4-bit TurboQuant keys (the ``max`` of 0.1) on SmolLM2 and Gemma-3-270M at
-        the same size (benchmarks/results/frontier.json and gemma-3-270m-q4_k_m/frontier.json)."""
+        values. The frontier study (``python -m benchmarks frontier``) measured it the smallest pool within +1%
+        perplexity on SmolLM2-135M at 2K tokens (4.36x), and better than 4-bit TurboQuant keys (the ``max`` of 0.1)
+        on SmolLM2 and Gemma-3-270M at the same size (benchmarks/results/frontier.json and
+        gemma-3-270m-q4_k_m/frontier.json)."""
         return cls(
             keys=CenteredTurboQuantCodecConfig(bits=4, before_rope=True), values=CenteredTurboQuantCodecConfig(bits=3)
         )

@@ -58,7 +58,8 @@ class Engine:
             its thread and decoded prefix); ``None``: never.
         compile_decode: Batched decode steps through ``torch.compile`` (see
             :class:`~polykv_agents.runtime.compiled_decode.CompiledDecoder`): faster steps after a compilation
-            of tens of seconds per batch-size bucket; eager wherever compiling fails.
+            of tens of seconds per batch-size bucket. Eager where no C++ toolchain can build the step
+            (``fallback_reason`` says why); any other compile error reaches the call.
         max_prefix_bytes: Byte budget of the keys and values that finished calls leave for later calls over the
             same pool to reuse (a ReAct step, a follow-up turn, a prompt that extends another's); least recently
             used first out beyond it. ``0`` turns reuse off: every call prefills all of its own tokens.

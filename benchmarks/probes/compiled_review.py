@@ -18,8 +18,13 @@ sums more than 4,096 float32 elements with a cascaded summation and guards on th
 
 from __future__ import annotations
 
-from polykv_agents.bench.graph_e2e import EXTRA_ROLES, _document, graphs_under_test, load_workflow, run_graph
-from polykv_agents.bench.peers import LANGGRAPH_JSON
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks` is not installed
+
+from benchmarks.studies.graph_e2e import EXTRA_ROLES, _document, graphs_under_test, load_workflow, run_graph
+from benchmarks.studies.workflows import LANGGRAPH_JSON
 from polykv_agents.engine import load_model
 from polykv_agents.eval.corpus import pydoc_documents
 

@@ -2,7 +2,7 @@
 
 `layer_sensitivity.py` measured each single-layer move on 3 texts and chose, assuming the moves add up, which
 layers get 4-bit keys and which 2-bit values at about 5x. This measures those configs with the frontier's
-protocol (:func:`~polykv_agents.bench.ablation.run_ablation_suite`: one prefill per text, every rotation seed,
+protocol (:func:`~benchmarks.studies.ablation.run_ablation_suite`: one prefill per text, every rotation seed,
 intervals over texts), on texts the choice was made on and on texts it never saw (``--first-document 5``):
 
     python benchmarks/probes/layer_mix.py --documents 5 --seeds 3 [--first-document 5]
@@ -43,13 +43,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from layer_sensitivity import BASES, choose  # this folder is the script's first import path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks` is not installed
+
+from benchmarks.studies.ablation import run_ablation_suite
 from polykv_agents import load_model
-from polykv_agents.bench.ablation import pct_interval, run_ablation_suite
-from polykv_agents.bench.frontier import ctq
+from polykv_agents.bench.configs import ctq
+from polykv_agents.bench.sweep import pct_interval
 from polykv_agents.config import CompressionConfig, LayerCodecs
 from polykv_agents.eval.corpus import pydoc_documents
 

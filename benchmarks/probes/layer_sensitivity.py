@@ -36,7 +36,7 @@ import statistics
 from pathlib import Path
 
 from polykv_agents import load_model
-from polykv_agents.bench.frontier import ctq
+from polykv_agents.bench.configs import ctq
 from polykv_agents.config import CompressionConfig, LayerCodecs
 from polykv_agents.eval.corpus import pydoc_documents
 from polykv_agents.eval.perplexity import perplexity_deltas

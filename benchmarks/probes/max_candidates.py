@@ -2,7 +2,7 @@
 
 ``bench frontier`` measured centered TurboQuant keys before RoPE (4 bits) with centered values (3 bits) closer to
 full precision than plain 4-bit TurboQuant keys; it did not separate the parts. This probe measures, with the
-frontier's protocol (:func:`~polykv_agents.bench.ablation.run_ablation_suite`: one prefill per text, every
+frontier's protocol (:func:`~benchmarks.studies.ablation.run_ablation_suite`: one prefill per text, every
 rotation seed, intervals over texts), the new ``max`` against the same keys compressed after RoPE, and against
 plain 3-bit TurboQuant values behind the same keys:
 
@@ -28,10 +28,15 @@ Measured 2026-12-03 on this project's 2-core machine, SmolLM2-135M-Instruct in b
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks` is not installed
+
+from benchmarks.studies.ablation import run_ablation_suite
 from polykv_agents import load_model
-from polykv_agents.bench.ablation import pct_interval, run_ablation_suite
-from polykv_agents.bench.frontier import ctq
+from polykv_agents.bench.configs import ctq
+from polykv_agents.bench.sweep import pct_interval
 from polykv_agents.config import CodecConfig, CompressionConfig
 from polykv_agents.eval.corpus import pydoc_documents
 

@@ -33,11 +33,15 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
+import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
-from polykv_agents.bench.graph_e2e import EXTRA_ROLES, STAGES, _document, graphs_under_test, load_workflow, run_graph
-from polykv_agents.bench.peers import LANGGRAPH_JSON
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks` is not installed
+
+from benchmarks.studies.graph_e2e import EXTRA_ROLES, STAGES, _document, graphs_under_test, load_workflow, run_graph
+from benchmarks.studies.workflows import LANGGRAPH_JSON
 from polykv_agents.engine import load_model
 from polykv_agents.eval.corpus import pydoc_documents
 from polykv_agents.runtime.suffix_cache import SuffixCache

@@ -1,3 +1,3 @@
 """Benchmarks behind ``polykv-agents bench``: every benchmark is a :class:`~.suite.Suite` (a module of its own,
-listed in :mod:`.registry`) with a pydantic options model, ``run``, ``write`` and ``render``; :mod:`.render`
-renders docs/RESULTS.md and the docs' generated sections from the committed results alone."""
+listed in :mod:`.registry`) with a pydantic options model, ``run``, ``write`` and ``render``. The repository's
+studies and the renderer of its docs live in its ``benchmarks/`` package (not installed)."""

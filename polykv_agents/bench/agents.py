@@ -37,6 +37,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from polykv_agents.agent import PooledAgent
 from polykv_agents.bench.naive import naive_batched_decode
 from polykv_agents.bench.output import Progress
+from polykv_agents.bench.provenance import Provenance, commit_sentences
 from polykv_agents.bench.rss import PeakRss
 from polykv_agents.bench.suite import Rendered, SuiteOptions, document_text, load_model_for
 from polykv_agents.config import CompressionConfig
@@ -79,6 +80,8 @@ class AgentsBenchResult(BaseModel):
     """Every timed repetition's tokens per second, by method."""
     naive_rows_identical: int
     """Agents whose naive-batched greedy tokens equal their batched ones (same work, same answers)."""
+    provenance: Provenance
+    """Which code ran."""
 
 
 def role_prompts(n: int) -> list[tuple[str, str]]:
@@ -226,6 +229,7 @@ def run_agents_bench(
         rss_peak_bytes={name: max(values) for name, values in rss.items()},
         samples_tok_s=samples,
         naive_rows_identical=sum(a == b for a, b in zip(answers["naive"], answers["batched_warm"], strict=True)),
+        provenance=Provenance.of_this_checkout(),
     )
 
 
@@ -263,7 +267,8 @@ def results_lines(results: list[AgentsBenchResult]) -> list[str]:
         f"({first.dtype}; every method runs in the same dtype). {first.agents} agents, "
         f"{first.max_new_tokens} tokens each (EOS ignored, so every method decodes the same tokens from the same "
         f"prompts). Median of {first.repetitions} runs after 1 warm-up; every run's figure is in the JSON. "
-        "Document: pydoc_data.topics (CPython), cut to the context length.",
+        "Document: pydoc_data.topics (CPython), cut to the context length. "
+        + commit_sentences([r.provenance for r in results]),
         "",
         "- `batched, cold`: the runtime on a fresh engine: decoding the shared prefix from the pool is inside the "
         "timed run;",
@@ -386,6 +391,7 @@ class AgentsSuite:
         results = [AgentsBenchResult.model_validate_json(p.read_text()) for p in paths]
         results.sort(key=lambda r: (r.context_tokens, r.runtime))
         return Rendered(
+            provenance=[r.provenance for r in results],
             results=results_lines(results),
             blocks={
                 name: block

@@ -7,14 +7,11 @@ import datetime
 import os
 import platform
 from pathlib import Path
-from typing import Literal
 
 import torch
 import transformers
-from pydantic import BaseModel
 
-import polykv_agents
-from polykv_agents.bench.provenance import source_commit
+from polykv_agents.bench.provenance import Provenance
 
 
 def _cpu_name() -> str:
@@ -27,8 +24,8 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-class RunInfo(BaseModel):
-    """Where and with what a suite ran."""
+class RunInfo(Provenance):
+    """Where and with what a suite ran, and which code (:class:`Provenance`)."""
 
     machine: str
     cpu: str
@@ -41,19 +38,9 @@ class RunInfo(BaseModel):
     model: str
     dtype: str
     date: str
-    package_version: str | None = None
-    """``polykv_agents.__version__`` of the code that ran (``None``: recorded before it was)."""
-    git_commit: str | None = None
-    """The full hash of the checkout's HEAD when the suite ran; ``None``: not run from a git checkout."""
-    dirty: bool | None = None
-    """The checkout's code (everything but results and docs) had uncommitted changes; ``None``: unknown."""
-    commit_source: Literal["recorded", "inferred"] = "recorded"
-    """``inferred``: the result predates commit recording, and :attr:`git_commit` is the commit that brought
-    its JSON into the repository (the code then is the nearest known to the code that ran)."""
 
     @classmethod
     def collect(cls, model) -> RunInfo:
-        source = source_commit()
         return cls(
             machine=f"{platform.system()} {platform.machine()}",
             cpu=_cpu_name(),
@@ -66,21 +53,8 @@ class RunInfo(BaseModel):
             model=str(getattr(model.config, "name_or_path", "") or type(model).__name__).split("/")[-1],
             dtype=str(model.dtype).removeprefix("torch."),
             date=datetime.date.today().isoformat(),
-            package_version=polykv_agents.__version__,
-            git_commit=source.commit if source else None,
-            dirty=source.dirty if source else None,
+            **Provenance.of_this_checkout().model_dump(),
         )
-
-    def commit_sentence(self) -> str:
-        """Which code ran, for captions: the short commit and whether it had uncommitted changes."""
-        if self.git_commit is None:
-            version = f" (polykv_agents {self.package_version})" if self.package_version else ""
-            return f"Commit: unknown, not run from a git checkout{version}."
-        short = self.git_commit[:10]
-        if self.commit_source == "inferred":
-            return f"Commit: {short} (inferred: the commit that added this JSON; the run predates commit recording)."
-        changes = {True: ", with uncommitted changes", False: "", None: ", uncommitted changes unknown"}[self.dirty]
-        return f"Commit: {short}{changes}."
 
     def sentence(self) -> str:
         """One line for captions: machine, model and dtype."""

@@ -12,8 +12,11 @@ An installed wheel has no repository: then the commit is ``None`` and the packag
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
+
+from pydantic import BaseModel
 
 import polykv_agents
 
@@ -27,6 +30,45 @@ class SourceCommit(NamedTuple):
     """The full hash of HEAD."""
     dirty: bool
     """Tracked files other than :data:`GENERATED_PATHS` differ from HEAD."""
+
+
+class Provenance(BaseModel):
+    """Which code produced a result; :class:`~polykv_agents.bench.environment.RunInfo` extends it."""
+
+    package_version: str | None = None
+    """``polykv_agents.__version__`` of the code that ran (``None``: recorded before it was)."""
+    git_commit: str | None = None
+    """The full hash of the checkout's HEAD when the suite ran; ``None``: not run from a git checkout."""
+    dirty: bool | None = None
+    """The checkout's code (everything but results and docs) had uncommitted changes; ``None``: unknown."""
+    commit_source: Literal["recorded", "inferred"] = "recorded"
+    """``inferred``: the result predates commit recording, and :attr:`git_commit` is the commit that brought
+    its JSON into the repository (the code then is the nearest known to the code that ran)."""
+
+    @classmethod
+    def of_this_checkout(cls) -> Provenance:
+        source = source_commit()
+        return cls(
+            package_version=polykv_agents.__version__,
+            git_commit=source.commit if source else None,
+            dirty=source.dirty if source else None,
+        )
+
+    def commit_sentence(self) -> str:
+        """Which code ran, for captions: the short commit and whether it had uncommitted changes."""
+        if self.git_commit is None:
+            version = f" (polykv_agents {self.package_version})" if self.package_version else ""
+            return f"Commit: unknown, not run from a git checkout{version}."
+        short = self.git_commit[:10]
+        if self.commit_source == "inferred":
+            return f"Commit: {short} (inferred: the commit that added this JSON; the run predates commit recording)."
+        changes = {True: ", with uncommitted changes", False: "", None: ", uncommitted changes unknown"}[self.dirty]
+        return f"Commit: {short}{changes}."
+
+
+def commit_sentences(records: Sequence[Provenance]) -> str:
+    """The caption sentence of several runs: each distinct commit once, in order."""
+    return " ".join(dict.fromkeys(record.commit_sentence() for record in records))
 
 
 def repository_root() -> Path | None:

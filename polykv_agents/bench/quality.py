@@ -16,16 +16,17 @@ import shlex
 import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from pydantic import Field, field_validator
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.agent import PooledAgent
-from polykv_agents.bench.ablation import pct_interval
+from polykv_agents.bench.configs import CONFIG_CHOICES, compressed_config_names, config_named
 from polykv_agents.bench.environment import RunInfo
-from polykv_agents.bench.output import Progress, SuiteResult
+from polykv_agents.bench.output import Column, Progress, SuiteResult, column, markdown_table, write_suite
 from polykv_agents.bench.suite import TableSuite, load_model_for
-from polykv_agents.bench.sweep import SweepOptions, delta_fields, delta_samples
+from polykv_agents.bench.sweep import SweepOptions, delta_fields, delta_samples, pct_interval, pct_range
 from polykv_agents.config import CompressionConfig
 from polykv_agents.eval.agreement import exact_match, token_f1
 from polykv_agents.pool.prefill import prefill_cache
@@ -139,15 +140,13 @@ class QualityOptions(SweepOptions):
     configs: list[str] = Field(
         default=["default", "paper", "max"], validate_default=True, json_schema_extra={"flag": "--config"}
     )
-    """Compression presets or `bench frontier` configs to compare with full precision (repeatable)."""
+    """Compression presets or the frontier's configs to compare with full precision (repeatable)."""
     agreement_context: int = Field(default=2048, ge=1)
     """Document tokens the agreement questions are asked over."""
 
     @field_validator("configs")
     @classmethod
     def _known_configs(cls, configs: list[str]) -> list[str]:
-        from polykv_agents.bench.frontier import CONFIG_CHOICES, compressed_config_names
-
         names = compressed_config_names(configs)
         if not names:
             raise ValueError(f"no compressed config to compare with full precision; {CONFIG_CHOICES}")
@@ -155,7 +154,6 @@ class QualityOptions(SweepOptions):
 
 
 def _measure(options: QualityOptions, progress: Progress) -> SuiteResult:
-    from polykv_agents.bench.frontier import config_named
     from polykv_agents.eval.corpus import pydoc_documents
     from polykv_agents.eval.embeddings import minilm_similarity
 
@@ -198,6 +196,63 @@ def readme_blocks(result: SuiteResult) -> dict[str, str]:
     return {"quality": "\n".join(lines)}
 
 
+def ppl_delta_vs_context(rows: Sequence[dict], model: str):
+    """Mean perplexity delta against context length, one line per config, range shaded."""
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    from polykv_agents.bench.plots import plt
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for index, config in enumerate(dict.fromkeys(r["config"] for r in rows)):
+        points = sorted((r for r in rows if r["config"] == config), key=lambda r: r["context_tokens"])
+        contexts = [r["context_tokens"] for r in points]
+        label = f"{config} ({points[0]['config_label']}, {points[0]['compression_ratio_vs_fp16']:.2f}x)"
+        axis.plot(contexts, [r["delta_pct_mean"] for r in points], "o-", color=f"C{index}", label=label)
+        axis.fill_between(contexts, [r["delta_pct_min"] for r in points], [r["delta_pct_max"] for r in points],
+                          color=f"C{index}", alpha=0.15)  # fmt: skip
+    axis.axhline(0, color="black", linewidth=0.8)
+    axis.set_xscale("log")
+    axis.set_xticks(sorted({r["context_tokens"] for r in rows}))
+    axis.xaxis.set_major_formatter(ScalarFormatter())
+    axis.xaxis.set_minor_formatter(NullFormatter())  # only the measured lengths
+    axis.set_xlabel("context tokens in the pool")
+    axis.set_ylabel("perplexity delta vs full precision (%)")
+    axis.set_title(f"Perplexity cost of compression: {model}\n(mean; shaded: min..max over documents)")
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=8)
+    return figure
+
+
+def write_quality(result: SuiteResult, out_dir: Path) -> list[Path]:
+    ppl = [r for r in result.rows if r["kind"] == "ppl"]
+    agreement = [r for r in result.rows if r["kind"] == "agreement"]
+    columns = [
+        column("config", "config"),
+        column("codecs", "config_label"),
+        column("context", "context_tokens"),
+        column("x vs fp16", "compression_ratio_vs_fp16", "{:.2f}"),
+        Column("PPL delta, mean [95% CI]", pct_interval),
+        Column("range", pct_range),
+        column("documents", "documents"),
+    ]
+    agreement_columns = [
+        column("config", "config"),
+        column("answers", "answers"),
+        column("exact match", "exact_match", "{:.2f}"),
+        column("token F1", "token_f1", "{:.3f}"),
+    ]
+    if all("minilm_cosine" in r for r in agreement):
+        agreement_columns.append(column("MiniLM cosine", "minilm_cosine", "{:.3f}"))
+    notes = [
+        "Agreement of pooled answers with answers over the uncompressed cache (greedy, same prompts, "
+        f"{result.settings['agreement_context']}-token prefix). MiniLM cosine is the cosine similarity of "
+        "all-MiniLM-L6-v2 sentence embeddings, not BERTScore (which needs a roberta-large download):\n\n"
+        + markdown_table(agreement, agreement_columns)
+    ]
+    figures = {"ppl_vs_context": ppl_delta_vs_context(ppl, result.info.model)}
+    return write_suite(result, out_dir, title="Quality", columns=columns, figures=figures, notes=notes, table_rows=ppl)
+
+
 REPRODUCE = ("--config", "default", "--config", "paper", "--config", "max", "--config", "keys tq4, values tq3")
 """The presets and the ``max`` of 0.1, which the README's quality table compares."""
 
@@ -206,6 +261,7 @@ SUITE = TableSuite(
     "PPL delta by context and preset over several texts; pooled vs full-precision answer agreement.",
     QualityOptions,
     _measure,
+    write_quality,
     command=f"polykv-agents bench quality {shlex.join(REPRODUCE)}",
     reproduce=(REPRODUCE,),
     blocks=readme_blocks,

@@ -1,41 +1,20 @@
-"""Every benchmark suite, in the order docs/RESULTS.md shows them: the one list that
-``polykv-agents bench``, ``benchmarks/render_results.py`` and ``benchmarks/run_all.sh`` read.
+"""The package's benchmark suites, in the order docs/RESULTS.md shows them: what ``polykv-agents bench`` offers.
+They measure a user's own model and deployment (memory, quality, tasks, speed, agents).
 
-To add a benchmark: write ``polykv_agents/bench/<name>.py`` with its options, its ``run``, ``write`` and
-``render`` and a module-level ``SUITE`` (see :class:`polykv_agents.bench.suite.Suite`), then add the
-module here. Suite modules import their heavy dependencies (Ray, LangGraph, matplotlib) inside ``run``
+The repository's studies (peers, ablations, probes of one design choice) live in its ``benchmarks/`` package, which
+is not installed; ``benchmarks/registry.py`` lists them with these, and ``python -m benchmarks``,
+``benchmarks/render_results.py`` and ``benchmarks/run_all.sh`` read that list.
+
+To add a suite: write ``polykv_agents/bench/<name>.py`` with its options, its ``run``, ``write`` and ``render``
+and a module-level ``SUITE`` (see :class:`polykv_agents.bench.suite.Suite`), then add the module here and to
+``benchmarks/registry.py``. Suite modules import their heavy dependencies (matplotlib, scipy) inside ``run``
 and ``write``, so that listing them stays cheap.
 """
 
 from __future__ import annotations
 
-from polykv_agents.bench import (
-    ablation,
-    admission,
-    agents,
-    blocks,
-    compiled,
-    dtypes,
-    frontier,
-    grammar_overhead,
-    graph_e2e,
-    load_soak,
-    memory,
-    peer,
-    peers,
-    quality,
-    ray_scale_out,
-    reuse,
-    speed,
-    step_profile,
-    tasks,
-    weights,
-)
+from polykv_agents.bench import agents, memory, quality, speed, tasks
 from polykv_agents.bench.suite import Suite
 
-_MODULES = (
-    memory, quality, tasks, speed, dtypes, weights, compiled, step_profile, admission, reuse, blocks, ablation,
-    frontier, peer, agents, graph_e2e, peers, load_soak, grammar_overhead, ray_scale_out,
-)  # fmt: skip
-SUITES: dict[str, Suite] = {module.SUITE.name: module.SUITE for module in _MODULES}
+SUITES: dict[str, Suite] = {module.SUITE.name: module.SUITE for module in (memory, quality, tasks, speed, agents)}
 """Suite name -> suite (a documented registry: filled once, here, never changed at run time)."""

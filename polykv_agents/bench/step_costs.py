@@ -6,8 +6,8 @@
 - :func:`step_intervals_ms`: the time between consecutive tokens of agents decoding at once through the
   runtime (one batched step each), as users get it, on the compute thread.
 
-What a second thread's tensor work costs every later step is measured by the dtype suite, in fresh
-processes (:mod:`polykv_agents.bench.openmp_teams`).
+What a second thread's tensor work costs every later step is measured by the repository's dtype study, in fresh
+processes (:mod:`benchmarks.studies.openmp_teams`).
 """
 
 from __future__ import annotations

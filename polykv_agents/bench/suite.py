@@ -1,16 +1,16 @@
 """The one shape every benchmark has: a :class:`Suite`.
 
-Data flow: ``polykv-agents bench <name>`` parses the suite's :attr:`Suite.options` (a pydantic model,
-one CLI option per field) -> :meth:`Suite.run` measures and returns a result (a pydantic model) ->
-:meth:`Suite.write` stores it as JSON next to its Markdown and plots in ``benchmarks/results/``.
-Later, ``python benchmarks/render_results.py`` calls :meth:`Suite.render` on every registered suite
-(:mod:`polykv_agents.bench.registry`): it reads the committed JSON only, never measures, rewrites the
-suite's Markdown and plots, and returns what the docs include: a section of docs/RESULTS.md and named
-Markdown blocks that fill ``<!-- BEGIN generated: NAME -->`` sections of other docs.
+Data flow: ``polykv-agents bench <name>`` (or, for the repository's studies, ``python -m benchmarks <name>``)
+parses the suite's :attr:`Suite.options` (a pydantic model, one CLI option per field) -> :meth:`Suite.run`
+measures and returns a result (a pydantic model) -> :meth:`Suite.write` stores it as JSON next to its Markdown
+and plots in ``benchmarks/results/``. Later, ``python benchmarks/render_results.py`` calls :meth:`Suite.render`
+on every suite of ``benchmarks/registry.py`` (the package's and the studies): it reads the committed JSON only,
+never measures, rewrites the suite's Markdown and plots, and returns what the docs include: a section of
+docs/RESULTS.md and named Markdown blocks that fill ``<!-- BEGIN generated: NAME -->`` sections of other docs.
 
 :class:`JsonSuite` is the base of a suite whose result is one JSON file, with an optional Markdown table;
-:class:`TableSuite` is the suite for a :class:`~polykv_agents.bench.output.SuiteResult` whose Markdown
-is written by one function of :mod:`polykv_agents.bench.writers` (memory, speed, quality, ...).
+:class:`TableSuite` is the suite for a :class:`~polykv_agents.bench.output.SuiteResult` whose Markdown and
+plots are written by one function beside its suite (memory, speed, quality, ...).
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ import importlib
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from polykv_agents.bench.output import Progress, SuiteResult
+from polykv_agents.bench.provenance import Provenance
 
 
 class SuiteOptions(BaseModel):
@@ -46,6 +47,13 @@ class Rendered:
     """Lines of its section of docs/RESULTS.md (none: the suite has no section there)."""
     blocks: dict[str, str] = field(default_factory=dict)
     """Markdown for each ``<!-- BEGIN generated: NAME -->`` section of the other docs, by NAME."""
+    provenance: Sequence[Provenance] = ()
+    """Which code produced each run rendered (the renderer marks the section stale when that code changed)."""
+
+
+def provenance_in(result: BaseModel) -> list[Provenance]:
+    """The :class:`Provenance` records among ``result``'s fields (its ``info``, ``run_info`` or ``provenance``)."""
+    return [value for value in vars(result).values() if isinstance(value, Provenance)]
 
 
 OptionsT = TypeVar("OptionsT", bound=SuiteOptions)
@@ -56,7 +64,8 @@ class Suite(Protocol):
     """A benchmark: its name, its options, how it measures, how its result is written and rendered."""
 
     name: str
-    """``polykv-agents bench <name>``; also the stem of its files in the results folder."""
+    """``polykv-agents bench <name>`` (a study: ``python -m benchmarks <name>``); also the stem of its files in the
+    results folder."""
     summary: str
     """What it measures, in one line (the command's ``--help``)."""
     options: type[SuiteOptions]
@@ -106,31 +115,29 @@ def results_section(markdown: str, command: str) -> list[str]:
 
 @dataclass(frozen=True)
 class TableSuite(Generic[OptionsT]):
-    """A suite whose result is a :class:`SuiteResult`, written by ``writers.write_<name>``."""
+    """A suite whose result is a :class:`SuiteResult`, written by its ``writer`` (its table, notes and plots)."""
 
     name: str
     summary: str
     options: type[OptionsT]
     measure: Callable[[OptionsT, Progress], SuiteResult]
     """Runs the suite with its options, calling the progress callback once per step."""
+    writer: Callable[[SuiteResult, Path], list[Path]]
+    """Writes the JSON, the Markdown and the plots (:func:`~polykv_agents.bench.output.write_suite`)."""
     command: str = ""
     """The command docs/RESULTS.md names; default ``polykv-agents bench <name>``."""
     reproduce: Sequence[Sequence[str]] = ((),)
     blocks: Callable[[SuiteResult], dict[str, str]] | None = None
     """Markdown for ``<!-- BEGIN generated: NAME -->`` sections of other docs, by NAME (none by default)."""
 
-    def _writer(self) -> Callable[[SuiteResult, Path], list[Path]]:
-        # Imported when used: it needs the bench extras (matplotlib), whose absence the CLI reports
-        # before anything is measured.
-        writers = importlib.import_module("polykv_agents.bench.writers")
-        return writers.WRITERS[self.name]
-
     def run(self, options: OptionsT, progress: Progress) -> SuiteResult:
-        self._writer()
+        # The writer's plots need the bench extras (matplotlib), whose absence the CLI reports before anything
+        # is measured, not after.
+        importlib.import_module("polykv_agents.bench.plots")
         return self.measure(options, progress)
 
     def write(self, result: SuiteResult, out_dir: Path) -> list[Path]:
-        return self._writer()(result, out_dir)
+        return self.writer(result, out_dir)
 
     def render(self, results_dir: Path) -> Rendered | None:
         """The embedded model's results, then each other model's (``--out benchmarks/results/<model>``: a folder
@@ -143,6 +150,7 @@ class TableSuite(Generic[OptionsT]):
         markdown = (results_dir / f"{self.name}.md").read_text()
         command = self.command or f"polykv-agents bench {self.name}"
         sections = results_section(markdown, command)
+        runs = [result.info]
         for other in sorted(results_dir.glob(f"*/{self.name}.json")):
             their = SuiteResult.load(other)
             self.write(their, other.parent)
@@ -150,7 +158,9 @@ class TableSuite(Generic[OptionsT]):
             here = f"](../benchmarks/results/{other.parent.name}/"  # its plots are in its own folder
             body = [line.replace("](../benchmarks/results/", here) for line in body]
             sections += ["", f"{heading}, {their.info.model}", *body]
-        return Rendered(results=sections, blocks=self.blocks(result) if self.blocks is not None else {})
+            runs.append(their.info)
+        blocks = self.blocks(result) if self.blocks is not None else {}
+        return Rendered(results=sections, blocks=blocks, provenance=runs)
 
 
 class JsonSuite(Generic[ResultT]):
@@ -181,7 +191,7 @@ class JsonSuite(Generic[ResultT]):
             return None
         result = self.result_type.model_validate_json(path.read_text())
         self._write_markdown(result, results_dir)  # a new presentation needs no new measurement
-        return self.rendered(result)
+        return replace(self.rendered(result), provenance=provenance_in(result))
 
     def _write_markdown(self, result: ResultT, out_dir: Path) -> list[Path]:
         markdown = self.markdown(result)

@@ -77,3 +77,13 @@ def delta_fields(samples: Sequence[dict]) -> dict[str, float | int]:
         "delta_pct_max": interval.max,
         "documents": interval.n,
     }
+
+
+def pct_interval(row: dict) -> str:
+    """A row's :func:`delta_fields` as ``+0.12% [-0.30, +0.54]``: the mean delta and its 95% interval."""
+    return f"{row['delta_pct_mean']:+.2f}% [{row['delta_pct_ci_low']:+.2f}, {row['delta_pct_ci_high']:+.2f}]"
+
+
+def pct_range(row: dict) -> str:
+    """A row's range of per-document mean deltas, ``-0.10 .. +0.41``."""
+    return f"{row['delta_pct_min']:+.2f} .. {row['delta_pct_max']:+.2f}"

@@ -24,8 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field, FilePath, ValidationError, field_validator
 
+from polykv_agents.bench.configs import REFERENCE, compressed_config_names, config_named
 from polykv_agents.bench.environment import RunInfo
-from polykv_agents.bench.frontier import REFERENCE, compressed_config_names, config_named
 from polykv_agents.bench.journal import Journal, differing_options
 from polykv_agents.bench.output import Progress, column, markdown_table
 from polykv_agents.bench.suite import JsonSuite, Rendered, SuiteOptions, load_model_for
@@ -59,7 +59,7 @@ class TasksOptions(SuiteOptions):
     configs: list[str] = Field(
         default=["default", "paper", "max"], validate_default=True, json_schema_extra={"flag": "--config"}
     )
-    """Compression presets or `bench frontier` configs to score (repeatable); the uncompressed reference is
+    """Compression presets or the frontier's configs to score (repeatable); the uncompressed reference is
     always scored too."""
     seed: int = 0
     """Seed of the items: the same seed, contexts and items give the same documents and questions."""
@@ -431,17 +431,52 @@ class TasksSuite(JsonSuite[TasksResult]):
             rendered.append(one)
         sections = [line for r in rendered for line in [*r.results, ""]]
         blocks = {"tasks": "\n\n".join(r.blocks["tasks"] for r in rendered)}
-        return Rendered(results=sections[:-1], blocks=blocks) if rendered else None
+        runs = [run for r in rendered for run in r.provenance]
+        return Rendered(results=sections[:-1], blocks=blocks, provenance=runs) if rendered else None
+
+
+CONFIG_MARKERS = "osD^vP*Xph<>"
+"""One hollow marker per config, so that configs of the same size (``default`` and ``paper``) stay apart."""
+
+
+def task_score_vs_bytes(rows: Sequence[dict], model: str):
+    """Task score (mean, 95% CI over items) against measured bits per element: one colour per context, one
+    marker per config (two legends beside the axes: points of equal size would bury name labels)."""
+    from matplotlib.lines import Line2D
+
+    from polykv_agents.bench.plots import error_bars, plt
+
+    figure, axis = plt.subplots(figsize=(9, 4.5))
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    marker = {config: CONFIG_MARKERS[index % len(CONFIG_MARKERS)] for index, config in enumerate(configs)}
+    for index, context in enumerate(sorted({r["context"] for r in rows})):
+        colour = f"C{index}"
+        points = sorted((r for r in rows if r["context"] == context), key=lambda r: -r["ratio"])
+        axis.plot([16 / r["ratio"] for r in points], [r["score"]["mean"] for r in points], "-", color=colour,
+                  alpha=0.6, label=f"{context:,} tokens")  # fmt: skip
+        for row in points:
+            mean, low, high = (row["score"][key] for key in ("mean", "low", "high"))
+            axis.errorbar([16 / row["ratio"]], [mean], yerr=error_bars([mean], [low], [high]),
+                          fmt=marker[row["config"]], color=colour, fillstyle="none", capsize=3)  # fmt: skip
+    axis.set_xlabel("bits per element, measured (16 / ratio vs fp16)")
+    axis.set_ylabel("task score, points (RULER string match)")
+    axis.set_title(f"Finding the fact against pool size: {model}")
+    axis.grid(True, alpha=0.3)
+    contexts = axis.legend(fontsize=8, title="context", loc="upper left", bbox_to_anchor=(1.02, 1))
+    axis.add_artist(contexts)
+    handles = [Line2D([], [], marker=marker[c], color="grey", linestyle="none", fillstyle="none", label=c)
+               for c in configs]  # fmt: skip
+    axis.legend(handles=handles, fontsize=8, title="config", loc="lower left", bbox_to_anchor=(1.02, 0))
+    figure.tight_layout()
+    return figure
 
 
 def _write_plot(result: TasksResult, out_dir: Path) -> Path:
     """``tasks_score_vs_bytes.png``: each config's mean score (95% CI) against its measured bits per element."""
-    import matplotlib.pyplot as plt
-
-    from polykv_agents.bench import plots
+    from polykv_agents.bench.plots import plt
 
     path = out_dir / "tasks_score_vs_bytes.png"
-    figure = plots.task_score_vs_bytes(summary_rows(result.answers, "context"), result.run_info.model)
+    figure = task_score_vs_bytes(summary_rows(result.answers, "context"), result.run_info.model)
     figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
     return path

@@ -12,12 +12,19 @@
 
 These figures are the pool's alone: the suites' engines reuse nothing beyond it (``max_prefix_bytes=0``),
 or a warm call that repeats a prompt would read it from the prefix tree and prefill one token. What that
-reuse saves is measured by ``polykv-agents bench reuse``.
+reuse saves is measured by the repository's reuse study (``python -m benchmarks reuse``).
+
+Each is one interval, from the call to its first token. :func:`time_to_first_token` times it around a token
+stream a suite asks for itself (a pooled agent's call, a scheduler request); :func:`reported_ttft` reads the
+same interval from the runtime's own stamps for a chat call, whose reply comes only once its whole answer is
+decoded (``invoke``, or a call a workflow makes), so no clock around it can see the first token.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -30,15 +37,34 @@ from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.runtime.shared_prefix import Residency
 from polykv_agents.sampling.settings import GenerationSettings
 
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
+
 _FIRST_TOKEN = GenerationSettings(max_new_tokens=1)
 
 
+def time_to_first_token(call: Callable[[], Iterable[Any]]) -> tuple[float, float]:
+    """``(asked, seconds)``: when ``call`` was made (``time.perf_counter``) and the seconds from then to the first
+    token of the stream it returns (or to its end, for an answer that ends at once). The rest of the stream is
+    read untimed, so that the call is over before the next measurement."""
+    asked = time.perf_counter()
+    stream = iter(call())
+    next(stream, None)
+    seconds = time.perf_counter() - asked
+    for _ in stream:
+        pass
+    return asked, seconds
+
+
+def reported_ttft(reply: BaseMessage) -> float:
+    """Seconds from a chat call to its first token as the runtime stamped them: its ``queue_s`` (waiting for a
+    batch row) plus its ``prefill_s`` (its prompt, composing moved blocks included), from the reply's metadata."""
+    meta = reply.response_metadata
+    return (meta["queue_s"] or 0.0) + (meta["prefill_s"] or 0.0)
+
+
 def _first_token_seconds(agent: PooledAgent, question: str) -> float:
-    started = time.perf_counter()
-    tokens = list(agent.generate_ids(question, _FIRST_TOKEN))
-    seconds = time.perf_counter() - started
-    assert len(tokens) <= 1
-    return seconds
+    return time_to_first_token(lambda: agent.generate_ids(question, _FIRST_TOKEN))[1]
 
 
 def ttft_pool_cold(

@@ -2,7 +2,9 @@
 its options made from the suite's options model. Each writes its JSON, Markdown and plots to ``--out``;
 ``python benchmarks/render_results.py`` then regenerates docs/RESULTS.md and the docs' generated sections.
 
-``polykv-agents bench plan`` prints the runs behind the committed results (``benchmarks/run_all.sh``).
+``polykv-agents bench plan`` prints the runs behind the committed results. :func:`add_suite_commands` mounts
+the same commands on any typer app: the repository's ``python -m benchmarks`` mounts every suite, its studies
+with the package's (``benchmarks/run_all.sh`` runs its plan).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import operator
 import shlex
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Union
@@ -97,13 +99,19 @@ def suite_command(suite: Suite) -> Callable[..., None]:
     return clean_errors(command)
 
 
-for _suite in SUITES.values():
-    bench_app.command(_suite.name)(suite_command(_suite))
+def add_suite_commands(app: typer.Typer, suites: Mapping[str, Suite], program: str) -> None:
+    """Mount one command per suite on ``app``, and ``plan``, which prints each run behind the committed results
+    as one ``program`` argument list a line (shell-quoted)."""
+    for suite in suites.values():
+        app.command(suite.name)(suite_command(suite))
+
+    def plan() -> None:
+        for suite in suites.values():
+            for arguments in suite.reproduce:
+                typer.echo(shlex.join([suite.name, *arguments]))
+
+    plan.__doc__ = f"Print each run behind the committed results, one `{program}` argument list a line."
+    app.command("plan")(plan)
 
 
-@bench_app.command("plan")
-def bench_plan() -> None:
-    """Print each run behind the committed results, one `polykv-agents bench` argument list a line."""
-    for suite in SUITES.values():
-        for arguments in suite.reproduce:
-            typer.echo(shlex.join([suite.name, *arguments]))
+add_suite_commands(bench_app, SUITES, "polykv-agents bench")

@@ -165,7 +165,7 @@ class PrefetchDocument:
         self, state: Mapping[str, Any], chat: ChatPolyKV, finish: Callable[[ChatPolyKV], Runnable]
     ) -> Runnable:
         """``finish(chat bound to the pool in state)``: the one place a role's runnable is made, so that a
-        baseline (:class:`polykv_agents.bench.baselines.ReprefillDocument`) can replace how it reads the document."""
+        baseline (:class:`benchmarks.studies.baselines.ReprefillDocument`) can replace how it reads the document."""
         return finish(self.pooled_model(state, chat))
 
     def pooled_model(

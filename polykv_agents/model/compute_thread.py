@@ -5,7 +5,7 @@ starts a parallel region gets a team of its own, which lives as long as that thr
 process has more OpenMP-managed threads than CPUs, libgomp cuts the time its idle helpers spin from
 about 3 ms to 100 iterations (its ``gomp_throttled_spin_count_var``; no environment variable raises it
 again). From then on every parallel region wakes its helpers through the kernel, and a decode step is
-about a thousand short regions. ``polykv-agents bench dtype`` measures what that costs a forward
+about a thousand short regions. ``python -m benchmarks dtype`` measures what that costs a forward
 (docs/RUNTIME.md, "One compute thread").
 
 So the model's forwards of every scheduler, the pool prefill, the private runtime and model loading

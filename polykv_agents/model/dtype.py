@@ -1,7 +1,7 @@
 """The dtype a model computes in. ``dtype="auto"`` (the default) picks bf16 where the hardware has it natively.
 
 On a CPU with AVX-512 bf16 or AMX, bf16 weights halve the bytes every step reads and run the matrix
-products in native instructions (``polykv-agents bench dtype`` measures prefill, decode steps and
+products in native instructions (``python -m benchmarks dtype`` measures prefill, decode steps and
 perplexity in both dtypes side by side; docs/RESULTS.md). A CPU without them would emulate bf16, slower
 than fp32, so ``auto`` keeps fp32 there. On CUDA, ``auto`` is bf16 where the GPU supports it, else fp16.
 

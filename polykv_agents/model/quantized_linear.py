@@ -7,7 +7,7 @@ the time to read the weights. PyTorch ships CPU kernels that read quantized weig
 - ``aten._weight_int4pack_mm_for_cpu``: int4 weights in groups of 32 along the input, each group with a
   scale and a zero (tinygemm's format: ``w = (code - 8) * scale + zero``).
 
-``polykv-agents bench weights`` measures them per projection against the native layer, with the weights
+``python -m benchmarks weights`` measures them per projection against the native layer, with the weights
 read from memory as in a decode step (docs/RESULTS.md, weights): at one row they take a fraction of the
 bf16 time; they are written for matrix-vector work, so at 15 rows they are about even and at 512 rows (a
 prefill chunk) slower. So:

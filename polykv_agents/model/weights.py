@@ -4,12 +4,12 @@ Quantizing swaps every ``nn.Linear`` of the model for an
 :class:`~polykv_agents.model.quantized_linear.Int8Linear` or
 :class:`~polykv_agents.model.quantized_linear.Int4Linear`; activations, attention and the KV cache keep the
 model's dtype. With ``int4`` the output layer is int8, as GGUF's 4-bit files keep it at 8 bits or more (the
-embedded model's is Q8_0): a first run of ``polykv-agents bench weights`` with a 4-bit output layer measured
+embedded model's is Q8_0): a first run of ``python -m benchmarks weights`` with a 4-bit output layer measured
 +5.7% perplexity against the native model, ten times what the committed run measures with it in int8, and
 reading it in int8 takes no longer at one row.
 
 The input embedding is left as it is, and with it the model's fingerprint: a pool does not depend on how
-the weights are stored, so one pool serves a model in every ``weights`` setting (``polykv-agents bench
+the weights are stored, so one pool serves a model in every ``weights`` setting (``python -m benchmarks
 weights`` measures the perplexity of each model with a pool built by the native model and with one it
 built itself).
 

@@ -19,10 +19,14 @@ less whatever the template writes at the start of every conversation (see :func:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
 
 Message = Mapping[str, Any]
 """A chat message: ``{"role": "system" | "user" | "assistant" | "tool", "content": str}``, plus
@@ -32,7 +36,11 @@ Tools = Sequence[Mapping[str, Any]] | None
 """OpenAI function specs for the template's own tool support, or ``None``."""
 
 
-class ToolsPlacementError(ValueError):
+class ContinuationError(ValueError):
+    """The chat template cannot render a call's turns as a continuation of the pool's prefix."""
+
+
+class ToolsPlacementError(ContinuationError):
     """The chat template writes a call's tools somewhere a pooled call cannot put them (before the shared prefix)."""
 
 
@@ -95,10 +103,24 @@ def render_messages(
     tools: Tools = None,
 ) -> str:
     """Render a whole conversation, folding system messages into user turns if the template
-    refuses them."""
+    refuses them.
+
+    Raises:
+        jinja2.TemplateError: The template refuses the conversation even with its system messages folded (or it
+            has none to fold). Any other error (a bad argument, a missing template) is raised as it comes.
+    """
     try:
         return _render(tokenizer, messages, generation_prompt=generation_prompt, tools=tools)
-    except Exception:  # jinja raises TemplateError / exceptions of the template's own making
+    except TemplateError as e:  # raise_exception("System role not supported") in Gemma/Mistral-style templates
+        if not any(message["role"] == "system" for message in messages):
+            raise
+        # Every render of such a template takes this way: info, not a warning per call.
+        logger.info(
+            "chat template refused these turns (%s: %s); rendering them again with each system message "
+            "folded into the next user turn",
+            type(e).__name__,
+            e,
+        )
         return _render(tokenizer, _fold_system_into_user(messages), generation_prompt=generation_prompt, tools=tools)
 
 
@@ -130,7 +152,7 @@ def render_continuation(
             conversation of their own with the tools, less the template's conversation preamble.
 
     Raises:
-        ValueError: The template renders the prefix differently once more turns follow.
+        ContinuationError: The template renders the prefix differently once more turns follow.
         ToolsPlacementError: With ``tools``, the template writes them somewhere other than the call's own turns.
     """
     if prefix_messages is None or not has_chat_template(tokenizer):
@@ -143,7 +165,7 @@ def render_continuation(
             "This chat template renders the pool's messages differently once more turns follow, so "
             "agent turns cannot continue the shared prefix. Build the pool from a plain-text document instead."
         )
-        raise ValueError(msg)
+        raise ContinuationError(msg)
     continuation = full_text[len(prefix_text) :]
     if not tools:
         return continuation

@@ -19,16 +19,26 @@ Data flow: chat-template turns (:func:`polykv_agents.chat.messages.to_chat_messa
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
-from polykv_agents.prompting.chat_template import Message, has_chat_template, render_continuation, render_messages
+from polykv_agents.prompting.chat_template import (
+    ContinuationError,
+    Message,
+    has_chat_template,
+    render_continuation,
+    render_messages,
+)
 from polykv_agents.prompting.tool_calls import CALL_OPEN, render_tool_calls
+
+logger = logging.getLogger(__name__)
 
 TOOLS_SYSTEM_PROMPT = "You can call tools."
 """The system turn a call's tools are written into when its own turns start without one (template tool support)."""
@@ -64,7 +74,14 @@ def _probe(tokenizer: PreTrainedTokenizerBase) -> bool:
         replayed = render_messages(tokenizer, [user, called, {"role": "tool", "content": "r", "tool_call_id": "x"}])
         # And the tools can go into a pooled call's own turns (the template writes them into its first system turn):
         render_continuation(tokenizer, [system, user], [system, user], tools=[_PROBE_TOOL])
-    except Exception:  # jinja's errors, the template's own raise_exception, or a ValueError from the continuation
+    except (TemplateError, ContinuationError) as e:  # the template refuses the probe, or puts tools before a prefix
+        # Once per template (the answer is cached): the prompts of every call with tools depend on it.
+        logger.info(
+            "chat template cannot show tools in the <tool_call> format (%s: %s); calls with tools get them in "
+            "the documented prompt format instead",
+            type(e).__name__,
+            e,
+        )
         return False
     return all(CALL_OPEN in text and _PROBE_NAME in text for text in (shown, replayed))
 

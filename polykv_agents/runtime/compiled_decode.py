@@ -19,10 +19,13 @@ The masks of a step are built before the graph (eager, a handful of small tensor
 The suffix cache's own tensors are the graph's static cache: the step writes each row's new key and
 value into them in place, so nothing is copied per step.
 
-If compiling fails (no C++ compiler, an operation Inductor cannot lower, ...), the failure is logged
-once and this decoder runs eager steps from then on. In fp32 compiled and eager steps give the same greedy
-tokens (tested on six families); in bf16 fused kernels round differently (``polykv-agents bench compile``
-counts the answers that stay identical).
+Falling back: where Inductor cannot build its C++ here (no working compiler, or the compiler refuses what it
+generated: :func:`toolchain_failure`), the failure is logged once, :attr:`CompiledDecoder.fallback_reason` says
+why, and this decoder runs eager steps from then on (a missing compiler does not come back).
+:meth:`CompiledDecoder.require_compiled` raises if that happened, for benchmarks that must measure compiled steps.
+Any other failure (a bug in the step, the model or dynamo) is raised to the step's rows, never hidden behind
+eager steps. In fp32 compiled and eager steps give the same greedy tokens (tested on six families); in bf16 fused
+kernels round differently (``polykv-agents bench compile`` counts the answers that stay identical).
 """
 
 from __future__ import annotations
@@ -149,6 +152,37 @@ class _StaticContext(CascadeContext):
         return None
 
 
+def cpp_toolchain_available() -> bool:
+    """Whether Inductor finds a working C++ compiler here (``torch._inductor.config.cpp.cxx``, run once with
+    ``--version``): what generating CPU kernels needs. Tests of real Inductor kernels skip without one."""
+    from torch._inductor.cpp_builder import get_cpp_compiler  # imported late: torch._inductor takes a second
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    try:
+        get_cpp_compiler()
+    except InvalidCxxCompiler:
+        return False
+    return True
+
+
+def toolchain_failure(error: BaseException) -> BaseException | None:
+    """The C++ toolchain error (no working compiler, or a compile that failed) that ``error`` is or wraps, else
+    ``None``. Dynamo wraps what a backend raises (``BackendCompilerFailed``, Inductor's ``InductorError``) and keeps
+    it as ``inner_exception``, so the chain is walked: wrappers, causes and contexts."""
+    from torch._inductor.exc import CppCompileError, InvalidCxxCompiler
+
+    pending, seen = [error], set()
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, (CppCompileError, InvalidCxxCompiler)):
+            return current
+        pending += [getattr(current, "inner_exception", None), current.__cause__, current.__context__]
+    return None
+
+
 def attention_windows(model: PreTrainedModel) -> tuple[int | None, ...]:
     """Every ``sliding_window`` the model's layers may pass to attention (``None``: full attention)."""
     window = getattr(model.config.get_text_config(), "sliding_window", None)
@@ -186,7 +220,8 @@ def compiled_forward(model: PreTrainedModel, backend: str | Callable = "inductor
 
 
 class CompiledDecoder:
-    """Decode steps of one scheduler through ``torch.compile``, falling back to eager once if that fails.
+    """Decode steps of one scheduler through ``torch.compile``; eager from the first step Inductor cannot build
+    here for want of a C++ toolchain (:attr:`fallback_reason`), and raising on any other failure.
 
     Args:
         model: The model (already switched to cascade attention).
@@ -197,7 +232,7 @@ class CompiledDecoder:
     def __init__(self, model: PreTrainedModel, prefix: SharedPrefix, *, backend: str | Callable = "inductor") -> None:
         self.model = model
         self.prefix = prefix
-        self.failed: BaseException | None = None
+        self._failed: BaseException | None = None
         self.compile_seconds: dict[int, float] = {}  # batch bucket -> seconds its first step took here
         kv_heads = prefix.layer(0)[0].shape[1]  # from the keys themselves: not every config names it
         self._groups = model.config.get_text_config().num_attention_heads // kv_heads
@@ -207,12 +242,43 @@ class CompiledDecoder:
             torch._dynamo.mark_dynamic(keys, 2)
             torch._dynamo.mark_dynamic(values, 2)
 
+    @property
+    def failed(self) -> BaseException | None:
+        """The error that made this decoder fall back to eager (as dynamo raised it), or ``None``."""
+        return self._failed
+
+    @property
+    def fallback_reason(self) -> str | None:
+        """Why this decoder decodes eager (the toolchain error, by type and message), or ``None`` while it has not
+        fallen back."""
+        if self._failed is None:
+            return None
+        cause = toolchain_failure(self._failed) or self._failed
+        return f"{type(cause).__name__}: {cause}"
+
+    def require_compiled(self) -> None:
+        """Check that this decoder's steps ran compiled: at least one bucket compiled, and no fall back to eager.
+
+        Raises:
+            RuntimeError: It fell back (the message names why), or it has compiled nothing yet.
+        """
+        if self.fallback_reason is not None:
+            msg = f"the compiled decode step fell back to eager: {self.fallback_reason}"
+            raise RuntimeError(msg)
+        if not self.compile_seconds:
+            msg = "no decode step has been compiled yet (more rows than the largest bucket run eager)"
+            raise RuntimeError(msg)
+
     def step(self, ids: torch.Tensor, cache: SuffixCache) -> torch.Tensor | None:
         """One token per row: ``ids [B, 1]`` over ``cache``'s rows; logits ``[B, vocab]``, or ``None`` when
-        this step cannot be compiled (too many rows, or compiling failed): the caller runs it eager."""
+        this step cannot be compiled (too many rows, or no C++ toolchain here): the caller runs it eager.
+
+        Raises:
+            Exception: Whatever compiling or running the step raised, unless it is a toolchain failure.
+        """
         rows = cache.batch_size
         bucket = batch_bucket(rows)
-        if self.failed is not None or bucket is None or any(not layer.is_initialized for layer in cache.layers):
+        if self._failed is not None or bucket is None or any(not layer.is_initialized for layer in cache.layers):
             return None
         device = self.model.device
         capacity = -(-(int(cache.lengths.max()) + 1) // CAPACITY_STEP) * CAPACITY_STEP
@@ -240,9 +306,11 @@ class CompiledDecoder:
             # Each model and bucket is a graph of its own: more than dynamo's default of 8 per function.
             with torch.inference_mode(), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                 logits = self._compiled(padded_ids.to(device), positions.to(device), static, context)
-        except Exception as e:  # any compile failure: eager from now on, said once
-            self.failed = e
-            logger.warning("compiled decode step unavailable (%s: %s); decoding eager", type(e).__name__, e)
+        except Exception as e:
+            if toolchain_failure(e) is None:
+                raise  # a bug here, in the model or in dynamo: eager steps would hide it for good
+            self._failed = e  # no C++ toolchain: eager from now on, said once
+            logger.warning("compiled decode step unavailable (%s); decoding eager", self.fallback_reason)
             return None
         if first:
             self.compile_seconds[bucket] = time.perf_counter() - started
@@ -254,7 +322,7 @@ class CompiledDecoder:
         returns the seconds each bucket's first step took (already-compiled buckets are skipped)."""
         keys, values = self.prefix.layer(0)
         for bucket in buckets:
-            if bucket in self.compile_seconds or self.failed is not None:
+            if bucket in self.compile_seconds or self._failed is not None:
                 continue
             cache = SuffixCache(self.prefix.pool.num_layers, bucket)
             for layer in cache.layers:  # [Bb, KVH, 1, D] of zeros: only the shapes matter

@@ -15,16 +15,22 @@ is paid twice. Packed, they are one forward over one flat sequence of ``B + A*c`
 Each group keeps its own :class:`~polykv_agents.runtime.suffix_cache.SuffixCache` and
 :class:`~polykv_agents.runtime.cascade_attention.CascadeContext`, so every row sees exactly what it sees in
 its own forward: packing changes which operations run together, not what any row attends to.
+:func:`pack_decode_and_chunk` builds the flat inputs and the cascade of one such step; the scheduler runs the
+forward, advances both caches and samples.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from polykv_agents.runtime.suffix_cache import SuffixCache
+
+if TYPE_CHECKING:  # for annotations only: cascade_attention imports this module
+    from polykv_agents.runtime.cascade_attention import CascadeContext
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,26 @@ class PackedCascade:
             kept.append(offset + torch.arange(1, group.rows + 1) * group.width - 1)
             offset += group.tokens
         return torch.cat(kept)
+
+
+def pack_decode_and_chunk(
+    last_tokens: torch.Tensor,
+    running: SuffixCache,
+    running_context: CascadeContext,
+    chunk: torch.Tensor,
+    admitted: SuffixCache,
+    admitted_context: CascadeContext,
+) -> tuple[PackedCascade, torch.Tensor, torch.Tensor]:
+    """One packed step: the running rows' ``last_tokens [B]`` over ``running`` and an admission's ``chunk [A, c]``
+    over ``admitted``, each group with its cascade context (read before the forward). Returns the packed cascade
+    (the model's ``cascade``, its :attr:`~PackedCascade.cache` the model's cache) and the flat ``input_ids`` and
+    ``position_ids`` ``[1, B + A*c]``."""
+    decode = PackedGroup(last_tokens.numel(), 1, running, running_context)
+    admission = PackedGroup(chunk.shape[0], chunk.shape[1], admitted, admitted_context)
+    ids = torch.cat([last_tokens, chunk.reshape(-1)])  # [B + A*c]
+    chunk_positions = admitted_context.query_positions(admission.width).clamp(min=0)  # [A, c]; left padding: clamped
+    positions = torch.cat([running_context.query_positions(1).view(-1), chunk_positions.view(-1)])  # [B + A*c]
+    return PackedCascade([decode, admission]), ids.view(1, -1), positions.view(1, -1)
 
 
 class _PackedLayer(CacheLayerMixin):

@@ -22,6 +22,13 @@ A scheduler holds its pool's decoded prefix and a thread. One that has had no wo
 and its thread ends, so a long-lived server that reads many pools over time keeps only the recently
 used ones alive. The next request over that pool starts a fresh scheduler (its cost: decoding the
 prefix once more).
+
+This file is the loop, the client side (submit, close) and the decode step; its collaborators each know one job:
+
+  :mod:`.scheduled_request`  one call's row: its queue of tokens, cancellation, sampling state
+  :mod:`.admission`          which waiting requests join, their left-padded prompts, the next chunk, who joins
+  :mod:`.packed_step`        the flat inputs and cascade of a step that packs a decode step with a chunk
+  :mod:`.reuse`              the stored start a new call loads, and what a row that ends leaves for later calls
 """
 
 from __future__ import annotations
@@ -29,35 +36,35 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from polykv_agents.model.architecture import document_token_limit
 from polykv_agents.model.compat import cache_keyword
 from polykv_agents.model.compute_thread import run_on_compute_thread
-from polykv_agents.model.rope import rotary_embedding
 from polykv_agents.pool.shared_pool import SharedKVPool
-from polykv_agents.runtime.block_reuse import ComposedStart, compose_start
+from polykv_agents.runtime.admission import ADMISSION_CHUNK_TOKENS, Admission, take_waiting
 from polykv_agents.runtime.block_store import BlockStore
 from polykv_agents.runtime.cascade_attention import CascadeContext, enable_cascade_attention
 from polykv_agents.runtime.compiled_decode import BATCH_BUCKETS, CompiledDecoder
-from polykv_agents.runtime.packed_step import PackedCascade, PackedGroup
-from polykv_agents.runtime.prefix_tree import PrefixMatch, PrefixTrees
+from polykv_agents.runtime.packed_step import pack_decode_and_chunk
+from polykv_agents.runtime.prefix_tree import PrefixTrees
 from polykv_agents.runtime.request import DecodeRequest
+from polykv_agents.runtime.reuse import CallReuse
+from polykv_agents.runtime.scheduled_request import ScheduledRequest
 from polykv_agents.runtime.shared_prefix import Residency, SharedPrefix
 from polykv_agents.runtime.suffix_cache import SuffixCache
 from polykv_agents.sampling.grammar import TokenConstraint
-from polykv_agents.sampling.settings import (
-    GenerationSettings,
-    GenerationStats,
-    choose_token,
-    eos_token_ids,
-    repetition_history,
-)
+from polykv_agents.sampling.settings import choose_token, eos_token_ids, repetition_history
+
+__all__ = [
+    "ADMISSION_CHUNK_TOKENS",  # defined in .admission; imported from here by the benchmarks
+    "DECODE_STEP_LABEL",
+    "PACKED_STEP_LABEL",
+    "SCHEDULER_IDLE_SECONDS",
+    "BatchScheduler",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -67,53 +74,8 @@ DECODE_STEP_LABEL = "polykv::decode_step"
 PACKED_STEP_LABEL = "polykv::packed_step"
 """The ``torch.profiler`` range of a step that also prefills an admission's chunk (see ``runtime/packed_step.py``)."""
 
-_END = object()
-
 SCHEDULER_IDLE_SECONDS = 15.0
 """How long a scheduler in a scheduler table waits without work before it retires (by default)."""
-
-ADMISSION_CHUNK_TOKENS = 128
-"""Prompt tokens (over all rows being admitted) prefilled per step while other rows decode, by default."""
-
-
-@dataclass(eq=False)
-class _Request:
-    prompt_ids: torch.Tensor  # [n]
-    settings: GenerationSettings
-    budget: int
-    stats: GenerationStats
-    generator: torch.Generator | None
-    constraint: TokenConstraint | None = None  # this request's own grammar state, if it has a grammar
-    out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    produced: int = 0
-    last_token: int = -1
-    history: set[int] | None = None  # what a repetition penalty looks at (None: no penalty)
-    tokens: list[int] = field(default_factory=list)  # its prompt, then what it generated: the prefix tree's key
-    exact_length: int | None = None  # its row is exact for this many tokens only (blocks moved in after); None: all
-
-    def finish(self, reason: str) -> None:
-        self.stats.finish_reason = reason  # type: ignore[assignment]
-        self.out.put(_END)
-
-    def fail(self, error: BaseException) -> None:
-        """End this request with ``error`` (raised to its consumer); the other rows go on."""
-        self.stats.finish_reason = "stop"
-        self.out.put(error)
-
-
-@dataclass(eq=False)
-class _Admission:
-    """Requests being admitted together: their left-padded prompts and the suffix rows prefilled so far."""
-
-    requests: list[_Request]
-    ids: torch.Tensor  # [A, width] prompts, left-padded to the longest
-    rows: SuffixCache  # their suffixes: the first ``done`` columns of ids
-    done: int = 0
-
-    @property
-    def width(self) -> int:
-        return self.ids.shape[1]
 
 
 class BatchScheduler:
@@ -134,7 +96,8 @@ class BatchScheduler:
             (:class:`~polykv_agents.runtime.compiled_decode.CompiledDecoder`; a decoded prefix only): ``True`` with
             Inductor, or the name of another ``torch.compile`` backend. The first
             step of each batch-size bucket compiles (tens of seconds for a 30-layer model on 2 cores, less
-            from torch's compile cache); where compiling fails, steps run eager.
+            from torch's compile cache); where Inductor finds no working C++ toolchain, steps run eager and
+            ``compiled.fallback_reason`` says why; any other failure reaches the step's rows.
         prefixes: Where finished calls leave their tokens' keys and values (in this pool's tree), and where a new
             call looks for the longest stored start of its prompt, prefilling only the rest (exact reuse;
             ``None``: none).
@@ -171,11 +134,10 @@ class BatchScheduler:
         self.model = model
         self.prefix = run_on_compute_thread(SharedPrefix, pool, model, residency)
         self.max_batch_size = max_batch_size
-        self.prefixes = prefixes
-        self.blocks = blocks
         self.admission_chunk_tokens = admission_chunk_tokens
         self.pack_admissions = pack_admissions
-        self._admission: _Admission | None = None
+        self._reuse = CallReuse(model, self.prefix, prefixes, blocks)
+        self._admission: Admission | None = None  # the one admission under way, if any
         self.compiled: CompiledDecoder | None = None
         if compile_decode is not False and residency == "decompressed":
             backend = "inductor" if compile_decode is True else compile_decode
@@ -183,9 +145,9 @@ class BatchScheduler:
         self._tokenizer = tokenizer
         self._eos_ids = eos_token_ids(model, tokenizer)
         self._num_layers = pool.num_layers
-        self._inbox: queue.SimpleQueue[_Request] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[ScheduledRequest] = queue.SimpleQueue()
         self._wake = threading.Condition()
-        self._rows: list[_Request] = []
+        self._rows: list[ScheduledRequest] = []
         self._cache = SuffixCache(self._num_layers, 0)
         self._closed = False
         self._on_idle = on_idle
@@ -193,6 +155,16 @@ class BatchScheduler:
         self.peak_suffix_nbytes = 0
         self._thread = threading.Thread(target=self._run, name="polykv-scheduler", daemon=True)
         self._thread.start()
+
+    @property
+    def prefixes(self) -> PrefixTrees | None:
+        """Where finished calls leave their keys and values and new calls find their stored starts (or ``None``)."""
+        return self._reuse.prefixes
+
+    @property
+    def blocks(self) -> BlockStore | None:
+        """The same, for calls that read it at other positions (``reuse="blocks"``), or ``None``."""
+        return self._reuse.blocks
 
     # ---------------------------------------------------------------- client side
 
@@ -204,15 +176,10 @@ class BatchScheduler:
         built by the caller, outside any lock: compiling a grammar can take a while.
         """
         settings = request.settings
-        if settings.reuse == "blocks":
-            if self.blocks is None:
-                msg = (
-                    "reuse='blocks' reads text that earlier calls left, and this engine keeps none; make the engine "
-                    "with a budget for it, Engine(max_block_bytes=64 * 1024**2), or call with reuse='exact'"
-                )
-                raise ValueError(msg)
-            rotary_embedding(self.model)  # a model whose keys cannot move is refused here, before any work
-        row = _Request(request.prompt_ids, settings, budget, request.stats, settings.make_generator(), constraint)
+        self._reuse.check(settings)  # before any work
+        row = ScheduledRequest(
+            request.prompt_ids, settings, budget, request.stats, settings.make_generator(), constraint
+        )
         row.history = repetition_history(settings, request.prompt_ids)
         row.tokens = request.prompt_ids.tolist()
         with self._wake:
@@ -221,20 +188,7 @@ class BatchScheduler:
                 raise RuntimeError(msg)
             self._inbox.put(row)
             self._wake.notify()
-        return self._tokens(row)
-
-    @staticmethod
-    def _tokens(request: _Request) -> Iterator[int]:
-        try:
-            while True:
-                item = request.out.get()
-                if item is _END:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            request.cancelled.set()
+        return row.stream()
 
     # ---------------------------------------------------------------- worker side
 
@@ -315,7 +269,7 @@ class BatchScheduler:
                 request.out.put(e)
             self._rows, self._cache = [], SuffixCache(self._num_layers, 0)
 
-    def _emit(self, request: _Request, logits: torch.Tensor) -> None:
+    def _emit(self, request: ScheduledRequest, logits: torch.Tensor) -> None:
         """Sample one token for ``request`` and deliver it, or finish the request."""
         try:
             token, reason = choose_token(
@@ -372,75 +326,63 @@ class BatchScheduler:
 
     def _admit(self) -> None:
         """Start admitting the waiting requests (up to the free rows) if no admission is under way, then
-        prefill the next chunk of the one that is (:meth:`_chunk_columns`). When its last chunk is in, each
-        admitted request gets its first token and joins the running rows."""
+        prefill the next chunk of the one that is (:meth:`.Admission.next_columns`). When its last chunk is in,
+        each admitted request gets its first token and joins the running rows."""
         if self._admission is None:
             self._admission = self._start_admission()
             if self._admission is None:
                 return
         admission = self._admission
-        columns = self._chunk_columns(admission)
+        columns = admission.next_columns(bool(self._rows), self.admission_chunk_tokens)
         try:
-            logits = self._forward(admission.ids[:, admission.done : admission.done + columns], admission.rows)
+            logits = self._forward(admission.chunk(columns), admission.rows)
         except Exception as e:  # these prompts failed; the running batch is untouched
             self._fail_admission(e)
             return
         admission.done += columns
-        if admission.done == admission.width:
+        if admission.complete:
             self._finish_admission(logits)
 
-    def _chunk_columns(self, admission: _Admission) -> int:
-        """Prompt columns of ``admission`` to prefill this step: all that are left when no other row is decoding
-        (nobody waits), else about ``admission_chunk_tokens`` prompt tokens."""
-        columns = admission.width - admission.done
-        if self._rows and self.admission_chunk_tokens is not None:
-            columns = min(columns, max(1, self.admission_chunk_tokens // len(admission.requests)))
-        return columns
+    def _start_admission(self) -> Admission | None:
+        """The waiting requests that fit in the free rows, with the starts earlier calls stored for them."""
+        waiting = take_waiting(self._inbox, self.max_batch_size - len(self._rows))
+        if not waiting:
+            return None
+        return Admission.prepare(waiting, [self._reuse.start(request) for request in waiting], self._num_layers)
 
     def _fail_admission(self, error: BaseException) -> None:
         """End every request of the admission under way with ``error``."""
         admission, self._admission = self._admission, None
-        for request in admission.requests:
-            request.out.put(error)
+        admission.fail(error)
 
     def _finish_admission(self, logits: torch.Tensor) -> None:
         """The admission's last chunk is in (``logits [A, vocab]`` at each row's last prompt token): each
-        request gets its first token and joins the running rows."""
+        request gets its first token, and those still going join the running rows."""
         admission, self._admission = self._admission, None
-        keep = []
-        for row, request in enumerate(admission.requests):
-            if request.cancelled.is_set():  # its consumer left while its prompt was being prefilled
-                request.finish("stop")
-                self._remember(request, admission.rows, row)
-                continue
-            self._emit(request, logits[row])
-            if request.stats.finish_reason is None:
-                keep.append(row)
-                self._rows.append(request)
-            else:
-                self._remember(request, admission.rows, row)
-        if keep:
-            admission.rows.select(torch.tensor(keep, dtype=torch.long))
-            self._cache.concat(admission.rows)
+        joining = admission.finish(logits, self._emit, self._reuse.remember)
+        if joining:
+            self._rows += joining
+            self._cache.concat(admission.rows)  # [B, ...] + [A', ...]: the rows that left are gone from it
         self.peak_batch_size = max(self.peak_batch_size, len(self._rows))
 
     def _packed_step(self) -> None:
         """The running rows' decode step and the admission's next chunk in one forward (:mod:`.packed_step`)."""
         admission = self._admission
-        columns = self._chunk_columns(admission)
+        columns = admission.next_columns(bool(self._rows), self.admission_chunk_tokens)
         running = len(self._rows)
         with torch.profiler.record_function(PACKED_STEP_LABEL):
-            chunk = admission.ids[:, admission.done : admission.done + columns]  # [A, c]
-            decode = PackedGroup(running, 1, self._cache, self._context(self._cache))
-            admitted = PackedGroup(len(admission.requests), columns, admission.rows, self._context(admission.rows))
-            packed = PackedCascade([decode, admitted])
-            ids = torch.cat([torch.tensor([r.last_token for r in self._rows]), chunk.reshape(-1)])  # [B + A*c]
-            chunk_positions = admitted.context.query_positions(columns).clamp(min=0)  # left padding: clamped
-            positions = torch.cat([decode.context.query_positions(1).view(-1), chunk_positions.view(-1)])
+            packed, ids, positions = pack_decode_and_chunk(
+                torch.tensor([r.last_token for r in self._rows]),  # [B]
+                self._cache,
+                self._context(self._cache),
+                admission.chunk(columns),  # [A, c]
+                admission.rows,
+                self._context(admission.rows),
+            )
             try:
                 keep = packed.kept_positions().to(self.model.device)
                 # [B + A, vocab]: each running row's next token, then each admitted row's last
-                logits = self._model_logits(ids.view(1, -1), positions.view(1, -1), packed.cache, packed, keep)[0]
+                logits = self._model_logits(ids, positions, packed.cache, packed, keep)[0]
             except Exception as e:  # which rows' inputs failed is unknown: both groups end with the error
                 self._fail_admission(e)
                 raise
@@ -450,95 +392,8 @@ class BatchScheduler:
             self.peak_suffix_nbytes = max(self.peak_suffix_nbytes, self._cache.nbytes + admission.rows.nbytes)
             for row, request in enumerate(self._rows):
                 self._emit(request, logits[row])
-        if admission.done == admission.width:
+        if admission.complete:
             self._finish_admission(logits[running:])
-
-    def _start_admission(self) -> _Admission | None:
-        """The waiting requests that fit in the free rows, their prompts left-padded to the longest, so each
-        row's last prompt token is the last position (the padding slots are masked for good)."""
-        admitted: list[_Request] = []
-        while len(self._rows) + len(admitted) < self.max_batch_size:
-            try:
-                request = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if request.cancelled.is_set():
-                request.finish("stop")
-            elif request.budget == 0:
-                request.finish("length")
-            else:
-                request.stats.started_at = time.monotonic()
-                admitted.append(request)
-        if not admitted:
-            return None
-        matches = [self._composed_start(request, self._stored_start(request)) for request in admitted]
-        # Every row's last prompt token must land in the last column. The width is the longest part still to
-        # prefill; a row with less to prefill reads fewer stored tokens and prefills more of its own instead of
-        # padding: the same columns are computed either way.
-        width = max(r.prompt_ids.numel() - m.length for r, m in zip(admitted, matches, strict=True))
-        reused = [max(0, min(m.length, r.prompt_ids.numel() - width)) for r, m in zip(admitted, matches, strict=True)]
-        ids = torch.zeros(len(admitted), width, dtype=torch.long)
-        rows = SuffixCache(self._num_layers, len(admitted), capacity=max(reused) + width)
-        for row, (request, match, stored) in enumerate(zip(admitted, matches, reused, strict=True)):
-            n = request.prompt_ids.numel()
-            pad = max(0, width - n)
-            ids[row, pad:] = request.prompt_ids[stored:]  # [n - stored] = [width - pad]
-            rows.starts[row] = pad
-            if stored:
-                rows.load_row(row, [match.layer(i, stored) for i in range(self._num_layers)])
-            request.stats.reused_tokens = stored
-            request.stats.evicted_tokens = min(match.evicted_tokens, n - 1 - stored)
-            if isinstance(match, ComposedStart):  # part of its start was computed in composing: not reused
-                request.stats.reused_tokens = match.reused_before(stored)
-                request.stats.block_tokens = match.moved_before(stored)
-                # Never stored as exact past its first moved block, even all recomputed: the tree holds prefills only.
-                request.exact_length = match.exact_length if match.exact_length < stored else None
-        return _Admission(admitted, ids, rows)
-
-    def _stored_start(self, request: _Request) -> PrefixMatch:
-        """The longest start of ``request``'s prompt stored by earlier calls (never all of it: its last token
-        must run through the model for the first token's logits)."""
-        if self.prefixes is None:
-            return PrefixMatch()
-        return self.prefixes.match(self.model, self.prefix.pool.digest, request.tokens, request.prompt_ids.numel() - 1)
-
-    def _composed_start(self, request: _Request, match: PrefixMatch) -> PrefixMatch | ComposedStart:
-        """``match``, extended by blocks moved from earlier calls (``reuse="blocks"``) when its prompt holds any
-        after it (:mod:`.block_reuse`); ``match`` as it is otherwise."""
-        if self.blocks is None or request.settings.reuse != "blocks":
-            return match
-        last = request.prompt_ids.numel() - 1  # the last prompt token runs through the model: never moved
-        limit = document_token_limit(self.model)
-        if limit is not None:  # a sliding window must hold the composed start whole (the pool is held whole)
-            last = min(last, limit - self.prefix.num_tokens)
-        digest = self.prefix.pool.digest
-        occurrences = self.blocks.find(self.model, digest, request.tokens, match.length, last)
-        if not occurrences:
-            return match
-        tokens = request.tokens[: occurrences[-1].start + occurrences[-1].length]
-        try:
-            return compose_start(self.model, self.prefix, match, tokens, occurrences, request.settings.block_recompute)
-        except Exception:  # composing is an optimisation: the call prefills instead, which is never wrong
-            logger.exception("composing moved blocks failed; the call prefills its prompt instead")
-            return match
-
-    def _remember(self, request: _Request, cache: SuffixCache, row: int) -> None:
-        """Store what row ``row`` of ``cache`` ran through the model (``request``'s prompt and the tokens it
-        generated, but for the last one, which no forward has read yet) for later calls to reuse: in the prefix
-        tree and as a block, its exact part only (never keys and values composed from moved blocks)."""
-        if self.prefixes is None and self.blocks is None:
-            return
-        start, end = int(cache.starts[row]), int(cache.lengths[row])
-        if request.exact_length is not None:
-            end = min(end, start + request.exact_length)
-        if end <= start or not cache.layers[0].is_initialized:
-            return
-        layers = [(layer.keys[row, :, start:end], layer.values[row, :, start:end]) for layer in cache.layers]
-        tokens = request.tokens[: end - start]
-        if self.prefixes is not None:
-            self.prefixes.insert(self.model, self.prefix.pool.digest, tokens, layers)
-        if self.blocks is not None:
-            self.blocks.add(self.model, self.prefix.pool.digest, tokens, layers)
 
     def _drop_finished(self) -> None:
         keep = [i for i, r in enumerate(self._rows) if r.stats.finish_reason is None and not r.cancelled.is_set()]
@@ -548,7 +403,7 @@ class BatchScheduler:
             if i not in keep and request.stats.finish_reason is None:
                 request.finish("stop")  # cancelled by its consumer
             if i not in keep:
-                self._remember(request, self._cache, i)
+                self._reuse.remember(request, self._cache, i)
         self._rows = [self._rows[i] for i in keep]
         self._cache.select(torch.tensor(keep, dtype=torch.long))
 

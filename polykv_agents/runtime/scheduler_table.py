@@ -82,6 +82,24 @@ class SchedulerTable:
         with self._lock:
             return [s for per_model in self._schedulers.values() for s in per_model.values()]
 
+    def require_compiled(self) -> None:
+        """Check that every live scheduler decodes through compiled steps: benchmarks of ``compile_decode`` call
+        it after measuring (with ``idle_seconds=None``, so that no scheduler has retired in between).
+
+        Raises:
+            RuntimeError: No scheduler is live, one runs eager by design (``compile_decode`` off, or a compressed
+                prefix), or one fell back to eager or compiled nothing (:meth:`.CompiledDecoder.require_compiled`).
+        """
+        schedulers = self.live()
+        if not schedulers:
+            msg = "no scheduler is live: nothing decoded that could be checked"
+            raise RuntimeError(msg)
+        for scheduler in schedulers:
+            if scheduler.compiled is None:
+                msg = "a scheduler decodes eager by design (compile_decode is off, or its prefix is kept compressed)"
+                raise RuntimeError(msg)
+            scheduler.compiled.require_compiled()
+
     def scheduler_for(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pool: SharedKVPool, residency: Residency
     ) -> BatchScheduler:

@@ -121,9 +121,9 @@ def test_bench_memory_and_speed_write_their_tables_and_plots(smollm, text_file, 
 
 def test_bench_without_its_extras_says_what_to_install(smollm, text_file, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
-    for module in ("plots", "writers"):  # forget them, so that they are imported again
-        monkeypatch.delitem(sys.modules, f"polykv_agents.bench.{module}", raising=False)
-        monkeypatch.delattr(polykv_agents.bench, module, raising=False)
+    # Forget the figures' module, so that it is imported again.
+    monkeypatch.delitem(sys.modules, "polykv_agents.bench.plots", raising=False)
+    monkeypatch.delattr(polykv_agents.bench, "plots", raising=False)
     result = runner.invoke(app, ["bench", "memory", "--document", str(text_file), "--out", str(tmp_path)])
     assert result.exit_code == 1
     assert 'pip install "polykv-agents[bench]"' in result.stderr

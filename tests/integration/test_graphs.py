@@ -377,7 +377,7 @@ def test_example_async_roles(smollm, capsys):
 
 
 def test_the_end_to_end_benchmark_does_equal_work_and_counts_it_from_the_run(smollm):
-    from polykv_agents.bench.graph_e2e import STAGES, graphs_under_test, run_graph
+    from benchmarks.studies.graph_e2e import STAGES, graphs_under_test, run_graph
 
     roles = ["legal", "finance", "risk"]
     graphs = graphs_under_test(document_review, max_tokens=4)

@@ -11,9 +11,9 @@ import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
 from tiny_models import tiny_sensitive_llama, tiny_tokenizer
 
+from benchmarks.studies.load import load_cases, run_load
+from benchmarks.studies.soak import growth, run_soak
 from polykv_agents import Engine, SharedKVPool, load_model
-from polykv_agents.bench.load import load_cases, run_load
-from polykv_agents.bench.soak import growth, run_soak
 from polykv_agents.chat.chat_model import ChatPolyKV
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for `graphs`

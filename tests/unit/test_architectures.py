@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 import transformers
-from tiny_models import FAMILIES, SLIDING_WINDOW, tiny_causal_lm, tiny_gemma3
+from tiny_models import FAMILIES, SLIDING_WINDOW, assert_pairwise_distinct, tiny_causal_lm, tiny_gemma3
 
 from polykv_agents import CompressionConfig, GenerationSettings, PooledAgent, SharedKVPool
 from polykv_agents.eval.perplexity import perplexity_deltas
@@ -108,8 +108,9 @@ def test_prompts_admitted_in_packed_chunks_while_a_row_decodes_each_reproduce_pl
     scheduler.close()
 
     assert packed_steps and set(packed_steps) == {2}
-    for prompt, answer in zip(prompts, answers, strict=True):
-        assert answer == plain_greedy(model, torch.cat([pool.token_ids, prompt]), NEW_TOKENS)
+    expected = [plain_greedy(model, torch.cat([pool.token_ids, prompt]), NEW_TOKENS) for prompt in prompts]
+    assert_pairwise_distinct(expected)
+    assert answers == expected
 
 
 @pytest.mark.parametrize("family", FAMILIES)

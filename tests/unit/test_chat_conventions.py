@@ -205,7 +205,9 @@ def test_logprobs_report_each_answer_tokens_log_probability_in_chatopenais_form(
         )
         assert item["top_logprobs"][0]["token"] == item["token"]
         assert item["logprob"] == item["top_logprobs"][0]["logprob"] <= 0
-        assert item["bytes"] == list(item["token"].encode())
+        assert item["top_logprobs"][0]["bytes"] == item["bytes"]
+    # The tokens' own bytes, joined, are the answer's bytes (decoded as the tokenizer decodes a partial character).
+    assert b"".join(bytes(item["bytes"]) for item in content).decode("utf-8", errors="replace") == reply.text
     ids = encode_prompt(tokenizer, to_chat_messages(MESSAGES)).unsqueeze(0)
     with torch.inference_mode():
         expected = torch.log_softmax(model(ids).logits[0, -1].float(), dim=-1)

@@ -30,21 +30,8 @@ ALLOWED: dict[str, set[str]] = {
     "graph": {"chat", "config", "distributed", "engine", "model", "pool", "runtime"},  # model/runtime: setting names
     "eval": {"config", "model", "pool", "sampling"},
     "handle": {"pool"},  # the checkpoints' import path of PoolHandle
-    "bench": {
-        "agent",
-        "chat",
-        "codecs",
-        "config",
-        "distributed",
-        "engine",
-        "eval",
-        "graph",
-        "model",
-        "pool",
-        "prompting",
-        "runtime",
-        "sampling",
-    },
+    # The suites of a user's own deployment; the studies of chat, graph and Ray runs are the repository's.
+    "bench": {"agent", "config", "engine", "eval", "graph", "model", "pool", "runtime", "sampling"},
 }
 """Room -> rooms it may import. ``cli`` and the package root may import any room."""
 
@@ -90,3 +77,15 @@ def test_the_check_sees_a_violation(tmp_path, monkeypatch):
     (fake / "runtime" / "bad.py").write_text("from polykv_agents.chat.chat_model import ChatPolyKV\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
     assert ("runtime", "chat") in _imports()
+
+
+def test_the_package_never_imports_the_repository_benchmarks():
+    """``benchmarks/`` (the studies, the renderer) is not installed: a wheel that imported it would not load."""
+    importing = [
+        str(path.relative_to(PACKAGE))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "benchmarks")
+        or (isinstance(node, ast.Import) and any(alias.name.split(".")[0] == "benchmarks" for alias in node.names))
+    ]
+    assert not importing, importing

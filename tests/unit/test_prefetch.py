@@ -11,9 +11,9 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_core.tracers.run_collector import RunCollectorCallbackHandler
 from usage import pool_read
 
+from benchmarks.studies.baselines import ReprefillDocument
 from graphs import role_swarm
 from polykv_agents import Engine, default_engine
-from polykv_agents.bench.baselines import ReprefillDocument
 from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.graph.prefetch import PrefetchDocument
 from polykv_agents.graph.prefill_trace import PREFILL_RUN_NAME

@@ -4,11 +4,12 @@ in the call's own turns, the shared prefix untouched), the documented prompt for
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from pydantic import BaseModel, Field
-from tiny_models import CHATML_TEMPLATE, tiny_hermes_tokenizer, tiny_llama
+from tiny_models import CHATML_TEMPLATE, HERMES_TOOLS_TEMPLATE, tiny_hermes_tokenizer, tiny_llama
 from usage import pool_read
 
 from polykv_agents import SharedKVPool
@@ -63,6 +64,31 @@ def test_a_reassigned_template_is_probed_again(hermes):
     assert template_renders_tools(tokenizer)
     tokenizer.chat_template = CHATML_TEMPLATE
     assert not template_renders_tools(tokenizer)
+
+
+def test_a_template_that_refuses_the_probe_has_no_tool_support_and_says_why(hermes, caplog):
+    """Mistral-style templates raise on tool call ids they do not accept: the documented format, and a log record."""
+    tokenizer = copy.deepcopy(hermes)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('Tool call ids must be 9 long') }}"
+        "{% endif %}{% endfor %}" + HERMES_TOOLS_TEMPLATE
+    )
+    with caplog.at_level(logging.INFO, logger="polykv_agents.prompting.tool_prompts"):
+        assert not template_renders_tools(tokenizer)
+    (record,) = caplog.records
+    assert "documented prompt format" in record.getMessage()
+    assert "TemplateError: Tool call ids must be 9 long" in record.getMessage()
+
+
+def test_a_bug_while_probing_propagates_instead_of_meaning_no_tool_support(hermes):
+    tokenizer = copy.deepcopy(hermes)
+
+    def buggy(*args, **kwargs):
+        raise TypeError("apply_chat_template() got an unexpected keyword argument")
+
+    tokenizer.apply_chat_template = buggy
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        template_renders_tools(tokenizer)
 
 
 def pooled_text(tokenizer, pool_messages, history, tools) -> str:

@@ -60,4 +60,4 @@ def test_a_caption_opens_with_the_machine_then_the_model(tiny_model, threads, sa
     info = RunInfo.collect(tiny_model).model_copy(update={"torch_threads": threads, "dtype": "bfloat16"})
     opening = info.machine_and_model()
     assert opening.startswith(f"Machine: {info.machine}, {info.cpu}, {said} torch {info.torch}. Model: ")
-    assert opening.endswith(f"Model: {info.model} (bfloat16).")
+    assert opening.endswith(f"Model: {info.model} (bfloat16). {info.commit_sentence()}")

@@ -69,3 +69,26 @@ def test_reprefill_prefills_document_and_prompt_together(pool, tiny_model, tiny_
     prompt = agent.prompt_ids("What is it about?")
     assert ttft.ttft_reprefill(tiny_model, pool, prompt) > 0
     assert prefilled == [pool.num_tokens + prompt.numel()]
+
+
+def test_time_to_first_token_stops_the_clock_at_the_first_token_and_drains_the_rest(monkeypatch):
+    clock = iter([10.0, 12.5])  # the call, then the first token; draining the rest is not timed
+    monkeypatch.setattr(ttft.time, "perf_counter", lambda: next(clock))
+    drained = []
+
+    def stream():
+        yield 1
+        drained.append(2)
+        yield 2
+
+    assert ttft.time_to_first_token(stream) == (10.0, 2.5)
+    assert drained == [2]  # the call is over before the next measurement starts
+    clock = iter([0.0, 0.25])
+    assert ttft.time_to_first_token(lambda: iter(())) == (0.0, 0.25)  # an answer that ended at once
+
+
+def test_a_chat_calls_reported_ttft_is_its_queue_and_prefill_seconds():
+    from langchain_core.messages import AIMessage
+
+    assert ttft.reported_ttft(AIMessage("a", response_metadata={"queue_s": 0.5, "prefill_s": 0.25})) == 0.75
+    assert ttft.reported_ttft(AIMessage("a", response_metadata={"queue_s": None, "prefill_s": 0.25})) == 0.25

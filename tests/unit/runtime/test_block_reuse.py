@@ -12,7 +12,7 @@ import torch
 from tiny_models import FAMILIES, SLIDING_WINDOW, tiny_causal_lm, tiny_sensitive_llama
 
 from polykv_agents import CompressionConfig, Engine, SharedKVPool
-from polykv_agents.runtime import scheduler as scheduler_module
+from polykv_agents.runtime import reuse as reuse_module
 from polykv_agents.runtime.backend import PrivateBackend
 from polykv_agents.runtime.block_reuse import compose_start
 from polykv_agents.runtime.block_store import BlockStore
@@ -122,7 +122,7 @@ def _family(family: str):
 def test_full_recompute_is_exact_on_every_movable_family_through_an_engine(family, tiny_tok, monkeypatch):
     """Short texts, so that pool and prompt fit the sliding window of Mistral's and Gemma 2's tiny models."""
     composed = []
-    monkeypatch.setattr(scheduler_module, "compose_start", lambda *a: composed.append(a) or compose_start(*a))
+    monkeypatch.setattr(reuse_module, "compose_start", lambda *a: composed.append(a) or compose_start(*a))
     model = _family(family)
     engine = Engine(max_block_bytes=10**9)
     pool = SharedKVPool.prefill(model, tiny_tok, "Values.", config=CompressionConfig.full_precision())
@@ -157,7 +157,7 @@ def test_blocks_on_a_model_with_absolute_positions_are_refused_before_any_work(t
 def test_two_quotes_apart_with_full_recompute_decode_what_a_full_prefill_does(model, tiny_tok, pool, monkeypatch):
     """The text between two moved blocks is computed in the composition too (never left as empty slots)."""
     composed = []
-    monkeypatch.setattr(scheduler_module, "compose_start", lambda *a: composed.append(a[4]) or compose_start(*a))
+    monkeypatch.setattr(reuse_module, "compose_start", lambda *a: composed.append(a[4]) or compose_start(*a))
     scheduler = _scheduler(model, tiny_tok, pool)
     second = "Values are rotated before they are quantised to three bits each. " * 2
     for text in (FINDING, second):
@@ -200,7 +200,7 @@ def test_a_composition_that_fails_falls_back_to_prefilling_and_the_call_is_right
     def broken(*args):
         raise RuntimeError("out of memory while composing")
 
-    monkeypatch.setattr(scheduler_module, "compose_start", broken)
+    monkeypatch.setattr(reuse_module, "compose_start", broken)
     scheduler = _scheduler(model, tiny_tok, pool)
     specialist, critic = _prompts(tiny_tok)
     _run(scheduler, specialist, GREEDY)

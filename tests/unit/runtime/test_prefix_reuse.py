@@ -161,7 +161,7 @@ def test_reuse_changes_no_greedy_token_on_any_family(family, tiny_tok):
     questions = ["What do values use?", "And keys?", "Why rotate?"]
     settings = GenerationSettings(max_new_tokens=8, ignore_eos=True)
     conversation = torch.empty(0, dtype=torch.long)
-    reused = []
+    reused, expected = [], []
     for question in questions:
         turn = PooledAgent(pool, model, tiny_tok, system_prompt="You are the critic.").prompt_ids(question)
         conversation = torch.cat([conversation, turn])
@@ -171,9 +171,11 @@ def test_reuse_changes_no_greedy_token_on_any_family(family, tiny_tok):
             for call, engine in zip(calls, (reusing, prefilling), strict=True)
         ]
         assert answers[0] == answers[1], question
+        expected.append(answers[1])
         reused.append(calls[0].stats.reused_tokens)
         assert calls[1].stats.reused_tokens == 0
         conversation = torch.cat([conversation, torch.tensor(answers[0])])
+    assert_pairwise_distinct(expected)
     assert reused[0] == 0 and all(r > 0 for r in reused[1:])
     assert pool.num_tokens + conversation.numel() > SLIDING_WINDOW  # reused keys also leave the window
     reusing.close()

@@ -1,0 +1,62 @@
+"""A benchmark's other half, run in a fresh process: a request JSON file in, a result JSON file out.
+
+    python SCRIPT REQUEST.json RESULT.json
+
+Used where a measurement must not share the benchmark's process: llama.cpp (its peak RSS is its own),
+the reference code's environment, and the OpenMP team measurement (the slow-down it shows lasts for the
+life of a process). The scripts are files of the repository's ``benchmarks`` package, which is not installed:
+the child finds it through ``PYTHONPATH`` (a script's own path starts at its folder, not at the repository).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+"""The folder that holds the ``benchmarks`` package."""
+
+
+class SideProcessError(RuntimeError):
+    """The side process exited with an error; ``stderr`` holds what it printed."""
+
+    def __init__(self, what: str, returncode: int, stderr: str) -> None:
+        super().__init__(f"{what} failed (exit {returncode}): {stderr[-2000:]}")
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+def run_side(
+    script: Path,
+    request: dict[str, Any],
+    *,
+    what: str,
+    timeout_s: float,
+    python: str = sys.executable,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run ``python script REQUEST.json RESULT.json`` on ``request``; the result it wrote. ``env``: variables
+    set in the child on top of this process's environment (and ``PYTHONPATH``, which starts at the repository).
+
+    Raises:
+        SideProcessError: The process exited with an error (``what`` names it in the message).
+        subprocess.TimeoutExpired: It ran past ``timeout_s``.
+    """
+    child = {**os.environ, **(env or {})}
+    child["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPOSITORY), child.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory() as folder:
+        request_path, result_path = Path(folder, "request.json"), Path(folder, "result.json")
+        request_path.write_text(json.dumps(request))
+        done = subprocess.run(
+            [python, str(script), str(request_path), str(result_path)],
+            capture_output=True, text=True, timeout=timeout_s, check=False,
+            env=child,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise SideProcessError(what, done.returncode, done.stderr)
+        return json.loads(result_path.read_text())

@@ -1,0 +1,145 @@
+"""The peers suite's glue: the replay sums stages and resets only when asked, the table names the
+winner of every measure (a peer where it wins), and the server client checks the work was equal.
+The measurements themselves need the [peers] extra; docs/RESULTS.md holds the committed ones."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.studies import llamacpp_side
+from benchmarks.studies.peers_writer import winners_lines, write_peers
+from polykv_agents.bench.output import SuiteResult
+
+CALLS = [
+    {"node": "planner", "input_ids": [1, 2, 3], "output_tokens": 2},
+    {"node": "specialist", "input_ids": [1, 2, 4], "output_tokens": 3},
+    {"node": "specialist", "input_ids": [1, 2, 5], "output_tokens": 3},
+    {"node": "critic", "input_ids": [1, 2, 6], "output_tokens": 1},
+]
+
+
+class FakeLlama:
+    """Records what the replay asks of llama.cpp."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def reset(self) -> None:
+        self.events.append(("reset",))
+
+    def generate(self, tokens, reset, **sampling):
+        assert sampling["temp"] == 0.0 and reset  # greedy; prefix reuse is generate's own
+        self.events.append(("generate", tuple(tokens)))
+        while True:
+            yield 7
+
+
+@pytest.mark.parametrize("reset_every_call", [False, True])
+def test_the_replay_decodes_each_calls_tokens_in_order_and_resets_only_when_asked(reset_every_call):
+    llm = FakeLlama()
+    review = llamacpp_side.replay_review(llm, CALLS, reset_every_call)
+    generated = [e[1] for e in llm.events if e[0] == "generate"]
+    assert generated == [tuple(c["input_ids"]) for c in CALLS]
+    assert sum(e == ("reset",) for e in llm.events) == (len(CALLS) if reset_every_call else 0)
+    assert review["calls"] == 4 and review["output_tokens"] == 9
+    assert set(review["stage_s"]) == {"planner", "specialist", "critic"}
+    assert sum(review["stage_s"].values()) <= review["wall_s"]
+
+
+def test_decode_takes_exactly_the_asked_tokens_past_any_end_of_sequence():
+    counted = []
+
+    class Counting(FakeLlama):
+        def generate(self, tokens, reset, **sampling):
+            for token in super().generate(tokens, reset, **sampling):
+                counted.append(token)
+                yield token
+
+    first, total = llamacpp_side.decode(Counting(), [1, 2], 5)
+    assert len(counted) == 5 and 0 <= first <= total
+
+
+def _row(context, method, **figures):
+    return {"context_tokens": context, "method": method, **figures}
+
+
+def test_thewinners_lines_table_says_where_a_peer_wins():
+    rows = [
+        _row(2048, "polykv_agents (one pool)", review_wall_s=20.0, decode_tok_s=14.0, rss_peak_bytes=2 * 2**30),
+        _row(2048, "llama.cpp, flash off", review_wall_s=25.0, decode_tok_s=40.0, rss_peak_bytes=2**28),
+        _row(2048, "llama.cpp, flash on", review_wall_s=24.0, decode_tok_s=45.0, rss_peak_bytes=2**28),
+    ]
+    lines = {line.split(" | ")[1]: line for line in winners_lines(rows)[2:]}
+    assert "polykv_agents, 1.2x" in lines["review wall"]  # 24 s is the best peer's
+    assert "**llama.cpp, flash on**, 3.2x" in lines["single-stream decode tok/s"]
+    assert "**llama.cpp, flash off**" in lines["peak RSS"] or "**llama.cpp, flash on**" in lines["peak RSS"]
+    assert "TTFT cold" not in lines  # not measured: no row
+
+
+def test_the_winners_lines_take_our_best_setting_per_measure_and_name_it():
+    rows = [
+        _row(2048, "polykv_agents (one pool)", review_wall_s=20.0, decode_tok_s=14.0),
+        _row(2048, "polykv_agents (one pool), int4 weights", weights="int4", review_wall_s=21.0, decode_tok_s=50.0),
+        _row(2048, "llama.cpp", review_wall_s=25.0, decode_tok_s=40.0),
+    ]
+    lines = {line.split(" | ")[1]: line for line in winners_lines(rows)[2:]}
+    assert "| 20.000 s |" in lines["review wall"] and "polykv_agents, 1.2x" in lines["review wall"]
+    assert "| 50.0 (int4 weights) |" in lines["single-stream decode tok/s"]
+    assert "polykv_agents, 1.2x" in lines["single-stream decode tok/s"]
+    rows.append(
+        _row(
+            2048,
+            "polykv_agents (one pool), int8 weights, compiled decode",
+            weights="int8",
+            compiled_decode=True,
+            decode_tok_s=60.0,
+        )
+    )
+    lines = {line.split(" | ")[1]: line for line in winners_lines(rows)[2:]}
+    assert "| 60.0 (int8 weights, compiled decode) |" in lines["single-stream decode tok/s"]
+
+
+def test_compiled_rows_are_added_to_weights_settings_that_are_measured():
+    from benchmarks.studies.peers import PeersOptions, our_method
+
+    options = PeersOptions(weights=["native", "int8"], compiled=["int8"])
+    assert options.variants() == [("native", False), ("int8", False), ("int8", True)]
+    assert our_method("int8", compiled=True) == "polykv_agents (one pool), int8 weights, compiled decode"
+    with pytest.raises(ValueError, match="--compiled int4 needs --weights int4 too"):
+        PeersOptions(weights=["native"], compiled=["int4"])
+
+
+def test_write_peers_writes_its_table_plot_and_the_servers_prompt_cache_line(tmp_path):
+    from polykv_agents.bench.environment import RunInfo
+
+    info = RunInfo(
+        machine="Linux x86_64", cpu="cpu", cpu_count=2, torch_threads=2, device="cpu", torch="2", transformers="5",
+        python="3.11", model="m", dtype="float32", date="2026-12-01",
+    )  # fmt: skip
+    rows = [
+        _row(256, "polykv_agents (one pool)", review_wall_s=10.0, planner_s=5.0, specialist_s=3.0),
+        _row(256, "llama-server, 15 slots, prompt cache", review_wall_s=18.0, specialist_s=15.0,
+             prompt_tokens_evaluated=5826, prompt_tokens=6820),
+    ]  # fmt: skip
+    result = SuiteResult(suite="peers", info=info, settings={"contexts": [256]}, rows=rows, summary={})
+    names = [p.name for p in write_peers(result, tmp_path)]
+    assert names == ["peers.json", "peers.md", "peers_stages.png"]
+    markdown = (tmp_path / "peers.md").read_text()
+    assert (
+        "it evaluated 5,826 of 6,820 prompt tokens" in markdown
+        and "| 256 | polykv_agents (one pool) | 10.0 s" in markdown
+    )
+
+
+def test_peers_without_their_extra_say_what_to_install_before_measuring(monkeypatch, tmp_path):
+    import sys
+
+    from typer.testing import CliRunner
+
+    from benchmarks.__main__ import app
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as if llama-cpp-python were not installed
+    result = CliRunner().invoke(app, ["peers", "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    assert 'pip install "polykv-agents[peers]"' in result.stderr and "Traceback" not in result.output
+    assert not list(tmp_path.iterdir())  # nothing measured, nothing written

@@ -1,0 +1,75 @@
+"""`polykv-agents bench`: a command for each of the package's suites (and none of the repository's studies), its
+plan, a suite run end to end on a tiny model, bad options as one error line, another model's results rendered."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from suite_commands import assert_every_suite_is_a_command, assert_plan_parses
+from typer.testing import CliRunner
+
+from polykv_agents.bench.registry import SUITES
+from polykv_agents.cli.main import app
+
+RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
+runner = CliRunner()
+
+
+def test_every_package_suite_is_a_bench_command_with_its_options_and_no_study_is():
+    listed = assert_every_suite_is_a_command(app, ["bench"], SUITES)
+    assert list(SUITES) == ["memory", "quality", "tasks", "speed", "agents"]
+    for study in ("ablation", "peers", "graph_e2e"):  # the repository's: `python -m benchmarks <name>`
+        assert f" {study} " not in listed
+        assert runner.invoke(app, ["bench", study, "--help"]).exit_code != 0
+
+
+def test_plan_lists_registered_runs_whose_options_parse():
+    assert_plan_parses(app, ["bench"], SUITES)
+
+
+def test_bench_agents_runs_on_a_tiny_model_and_its_json_renders(tiny_model_dir, tmp_path):
+    out = tmp_path / "results"
+    result = runner.invoke(
+        app,
+        [
+            "bench", "agents", "--model", tiny_model_dir, "--agents", "2", "--context-tokens", "64",
+            "--max-new-tokens", "2", "--repetitions", "1", "--out", str(out), "--json",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)
+    assert row["agents"] == 2 and row["kv_bytes_naive_peak"] > 0
+    methods = {"batched_cold", "batched_warm", "sequential", "naive"}
+    assert set(row["throughput_tok_s"]) == set(row["rss_peak_bytes"]) == methods
+    assert all(len(row["samples_tok_s"][m]) == 1 and row["rss_peak_bytes"][m] > 0 for m in methods)
+    assert row["naive_rows_identical"] == 2  # fp32, greedy: the naive baseline decodes the runtime's tokens
+    assert [p.name for p in out.iterdir()] == [f"agents_{row['context_tokens']}.json"]
+    rendered = SUITES["agents"].render(out)
+    assert rendered is not None and f"| {row['context_tokens']} | decompressed |" in "\n".join(rendered.results)
+
+
+def test_bad_suite_options_are_one_error_line(tmp_path):
+    result = runner.invoke(app, ["bench", "memory", "--document", str(tmp_path / "missing.txt")])
+    assert result.exit_code == 1
+    assert "error:" in result.stderr and "document" in result.stderr and "Traceback" not in result.output
+    # a repeatable option of checked paths: each value checked, one line each
+    missing = tmp_path / "earlier" / "tasks.json"
+    result = runner.invoke(app, ["bench", "tasks", "--reuse", str(missing), "--reuse", str(missing)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "reuse.0: Path does not point to a file" in result.stderr and "reuse.1" in result.stderr
+
+
+def test_another_models_results_in_their_own_folder_render_as_a_section_of_their_own(tmp_path):
+    shutil.copy(RESULTS / "quality.json", tmp_path / "quality.json")
+    (tmp_path / "second-model").mkdir()
+    other = json.loads((RESULTS / "quality.json").read_text())
+    other["info"]["model"] = "second-model"
+    (tmp_path / "second-model" / "quality.json").write_text(json.dumps(other))
+    sections = SUITES["quality"].render(tmp_path).results
+    headings = [line for line in sections if line.startswith("## ")]
+    assert len(headings) == 2 and headings[1].endswith(", second-model")
+    their_part = "\n".join(sections[sections.index(headings[1]) :])
+    assert "](../benchmarks/results/second-model/quality_ppl_vs_context.png)" in their_part
+    assert (tmp_path / "second-model" / "quality.md").exists()
