@@ -19,7 +19,8 @@ out=benchmarks/results
 mapfile -t runs < <(python -m benchmarks plan)
 for run in "${runs[@]}"; do
     eval "arguments=($run)"   # shell-quoted by the plan (shlex.join): config names have spaces
-    python -m benchmarks "${arguments[@]}" --out "$out"
+    [[ " ${arguments[*]} " == *" --out "* ]] || arguments+=(--out "$out")   # a run with a folder of its own keeps it
+    python -m benchmarks "${arguments[@]}"
 done
 if [[ $# -ge 1 ]]; then
     python -m benchmarks peer --peer-python "$1" --out "$out"

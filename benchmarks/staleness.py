@@ -75,8 +75,10 @@ def _blobs_at(root: Path, commit: str) -> frozenset[str] | None:
 
 
 def _tracked(root: Path) -> list[str]:
-    listing = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True)
-    return listing.stdout.split("\n")
+    """Tracked files and new ones not yet added (but not ignored): the files the next commit will hold, so that
+    docs rendered before ``git add`` equal the docs rendered from the commit."""
+    command = ["git", "ls-files", "--cached", "--others", "--exclude-standard"]
+    return subprocess.run(command, cwd=root, capture_output=True, text=True, check=True).stdout.split("\n")
 
 
 def changed_sources(root: Path, commit: str, patterns: Sequence[str]) -> list[str] | None:

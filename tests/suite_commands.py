@@ -43,4 +43,4 @@ def assert_plan_parses(app: typer.Typer, prefix: Sequence[str], suites: Mapping[
     runs = [shlex.split(line) for line in result.stdout.splitlines()]
     assert {run[0] for run in runs} == {name for name, suite in suites.items() if suite.reproduce}
     for name, *arguments in runs:
-        assert {a for a in arguments if a.startswith("--")} <= _flags(suites[name]), name
+        assert {a for a in arguments if a.startswith("--")} <= {*_flags(suites[name]), "--out"}, name

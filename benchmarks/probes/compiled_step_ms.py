@@ -69,9 +69,7 @@ def main() -> None:
                       f"({min(ms):.1f}-{max(ms):.1f})", flush=True)  # fmt: skip
             graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
             print(f"graphs compiled so far: {graphs}", flush=True)
-        for scheduler in engine.schedulers.live():
-            if scheduler.compiled.failed is not None:
-                print(f"compiling failed, these steps ran eager: {scheduler.compiled.failed}")
+        engine.schedulers.require_compiled()  # raises, naming why, if these steps ran eager
     finally:
         engine.close()
 

@@ -117,6 +117,8 @@ def _one_run(model, tokenizer, pool, prompts, newcomer, setting, options: Admiss
     first_token = submitted + newcomer_ttft
     for thread in threads:
         thread.join()
+    if options.compile_decode:  # a figure labelled compiled must not come from eager steps
+        scheduler.compiled.require_compiled()
     scheduler.close()
     gaps = [(a, b) for times in arrivals for a, b in itertools.pairwise(times)]
     gaps_after = [b - a for a, b in gaps if b > submitted]

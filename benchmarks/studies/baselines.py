@@ -4,12 +4,18 @@
 role call puts the whole document in front of its own messages and prefills it again, as a plain local
 chat model does. Graphs take it in place of a :class:`~polykv_agents.graph.prefetch.PrefetchDocument`
 (``build_graph(prefetch=ReprefillDocument(chat))``), so both sides run the same nodes and prompts.
+
+It has neither prefix reuse nor batching: every call prefills its whole prompt, and decodes alone. With a
+:class:`ReprefillEngine` (``ChatPolyKV(engine=ReprefillEngine())``, as ``benchmarks/studies/graph_e2e.py``
+builds it), that prefill is the pool's chunked prefill (:func:`~polykv_agents.pool.prefill.prefill_cache`),
+the one the time-to-first-token baseline (:func:`~polykv_agents.bench.ttft.ttft_reprefill`) times; with any
+other engine it is the private runtime's single forward.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, convert_to_messages
@@ -17,9 +23,14 @@ from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import Runnable, RunnableLambda
 
 from polykv_agents.chat.chat_model import ChatPolyKV
+from polykv_agents.engine import Engine
 from polykv_agents.graph.context import PolyKVContext
 from polykv_agents.graph.prefetch import PrefetchDocument
 from polykv_agents.pool.handle import PoolHandleState
+from polykv_agents.pool.prefill import prefill_cache
+from polykv_agents.runtime.backend import Backend, Runtime
+from polykv_agents.runtime.private import private_tokens
+from polykv_agents.runtime.request import DecodeRequest
 
 
 def _as_messages(value: Any) -> list[BaseMessage]:
@@ -29,6 +40,29 @@ def _as_messages(value: Any) -> list[BaseMessage]:
     if isinstance(value, PromptValue):
         return value.to_messages()
     return convert_to_messages(value)
+
+
+class ChunkedPrefillBackend:
+    """Calls without a pool, each alone: its whole prompt prefilled by the pool's chunked prefill
+    (:func:`~polykv_agents.pool.prefill.prefill_cache`, ``[chunk, T]`` attention scores per forward), then
+    decoded over that cache by the private runtime."""
+
+    name = "private"
+
+    def decode(self, request: DecodeRequest, budget: int) -> Iterator[int]:
+        if request.pool is not None:
+            msg = "the re-prefill baseline's backend serves calls without a pool; this call reads one"
+            raise ValueError(msg)
+        return private_tokens(request, budget, prefill=prefill_cache)
+
+
+class ReprefillEngine(Engine):
+    """An engine for the no-pool baseline: every runtime name is :class:`ChunkedPrefillBackend`, so every
+    call prefills its prompt, the document in front, as the time-to-first-token baseline does."""
+
+    def backend(self, runtime: Runtime) -> Backend:
+        super().backend(runtime)  # the same check of the name
+        return ChunkedPrefillBackend()
 
 
 class ReprefillDocument(PrefetchDocument):

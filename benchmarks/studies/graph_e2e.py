@@ -3,9 +3,11 @@ graph re-prefilling the document in every call, doing equal work.
 
 Both graphs are graphs/document_review.py with the same roles, prompts and greedy chat model; the
 baseline (:class:`~benchmarks.studies.baselines.ReprefillDocument`) prefills the whole document again
-in every call (planner, 15 specialists, critic, summarizer), as a plain local chat model does; its calls
-have no pool to share, so each decodes alone (llama.cpp's server, in the peers study, is the batched
-re-prefilling peer).
+in every call (planner, 15 specialists, critic, summarizer), as a plain local chat model does, with the
+chunked prefill the time-to-first-token baseline times (its engine is a
+:class:`~benchmarks.studies.baselines.ReprefillEngine`). It has neither prefix reuse nor batching: its calls
+have no pool to share, so each decodes alone (llama.cpp, in the peers study, is the re-prefilling peer with
+prefix reuse, and llama-server the batched one).
 
 Equal work: every free-text answer decodes exactly ``max_tokens`` tokens (``ignore_eos``), and the
 planner decodes the same plan under both methods: its schema pins every focus (:func:`equal_plan`),
@@ -31,7 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from benchmarks.studies.baselines import PinnedPlanPrefetch, PinnedPlanReprefill
+from benchmarks.studies.baselines import PinnedPlanPrefetch, PinnedPlanReprefill, ReprefillEngine
 from benchmarks.studies.recording import RecordedCall, RecordingEngine
 from benchmarks.studies.workflows import LANGGRAPH_JSON, load_workflow
 from polykv_agents.bench.output import Progress
@@ -155,16 +157,25 @@ def run_graph(graph, engine: RecordingEngine, document: str, roles: list[str]) -
     return run, calls
 
 
+class RecordingReprefillEngine(RecordingEngine, ReprefillEngine):
+    """The baseline's engine: each call's prompt prefilled by the pool's chunked prefill, every call recorded."""
+
+
 def graphs_under_test(
     workflow: ModuleType, max_tokens: int, weights: Weights = "native", compile_decode: bool = False
 ) -> dict[str, tuple[Any, RecordingEngine]]:
     """Method -> (compiled graph, its recording engine): the same chat settings (``weights`` among them) and
-    engine settings (``compile_decode``) for both."""
+    engine settings (``compile_decode``) for both; the baseline's engine prefills each call with the chunked
+    prefill (:class:`~benchmarks.studies.baselines.ReprefillEngine`)."""
     from polykv_agents.chat.chat_model import ChatPolyKV
 
     built = {}
-    for method, prefetch in (("pooled", PinnedPlanPrefetch), ("reprefill", PinnedPlanReprefill)):
-        engine = RecordingEngine(compile_decode=compile_decode)
+    methods = (
+        ("pooled", PinnedPlanPrefetch, RecordingEngine),
+        ("reprefill", PinnedPlanReprefill, RecordingReprefillEngine),
+    )
+    for method, prefetch, engine_type in methods:
+        engine = engine_type(compile_decode=compile_decode)
         chat = ChatPolyKV(max_tokens=max_tokens, ignore_eos=True, engine=engine, weights=weights)
         built[method] = (workflow.build_graph(prefetch=prefetch(chat, engine=engine, plan=equal_plan)), engine)
     return built
@@ -194,6 +205,8 @@ def run_graph_e2e(options: GraphE2EOptions, progress: Progress = lambda _: None)
                 run_index += 1
                 progress(f"context {context}: {method}, run {run_index}")
                 run, _ = run_graph(graph, engine, _document(tokenizer, text, context, run_index), roles)
+                if options.compile_decode and method == "pooled":  # checked before its schedulers retire (15 s)
+                    engine.schedulers.require_compiled()  # a run labelled compiled must not have decoded eager
                 by_method[method].append(run)
                 logger.info("context=%d %s: %.1f s", context, method, run.wall_s)
         runs[str(context)] = by_method
@@ -210,8 +223,9 @@ def run_graph_e2e(options: GraphE2EOptions, progress: Progress = lambda _: None)
         "compile_decode": options.compile_decode,
         "warmup_runs": 1,
         "document": "pydoc_data.topics (CPython), first 60k characters, cut to the context length",
+        "reprefill_prefill": "chunked",
     }
-    return GraphE2EResult(meta=meta, runs=runs, provenance=Provenance.of_this_checkout())
+    return GraphE2EResult(meta=meta, runs=runs, provenance=Provenance.of_this_process())
 
 
 def summary_rows(result: GraphE2EResult) -> list[dict[str, Any]]:
@@ -239,6 +253,33 @@ def summary_rows(result: GraphE2EResult) -> list[dict[str, Any]]:
     return rows
 
 
+def baseline_sentence(meta: dict[str, Any]) -> str:
+    """What the re-prefill baseline does and does not do, for captions: no prefix reuse, no batching, and which
+    prefill its calls ran (runs before ``reprefill_prefill`` was recorded prefilled each call in one forward)."""
+    prefill = (
+        "with the chunked prefill the time-to-first-token baseline uses (`prefill_cache`)"
+        if meta.get("reprefill_prefill") == "chunked"
+        else "in one forward per call, not the chunked prefill the time-to-first-token baseline uses"
+    )
+    return (
+        f"prefills the document in every call, {prefill}. It has neither prefix reuse nor batching: each call "
+        "decodes alone, so the ratio is against a plain local chat model, not against an engine that reuses "
+        "prefixes (llama.cpp) or batches (llama-server; both in the peers study)."
+    )
+
+
+def legacy_note(meta: dict[str, Any]) -> str | None:
+    """A caption's warning for a float32 run that records no weights setting (made before ``--weights``, the
+    compute thread's bf16 default and the prefix tree), or ``None``."""
+    if meta.get("dtype") != "float32" or "weights" in meta:
+        return None
+    return (
+        "**Before today's runtime:** a float32 run made before the compute thread, int8 weights and the prefix "
+        "tree; it will be re-run with them. Runs at 4,096 tokens in bf16 with int8 weights, with and without the "
+        "prefix tree, are kept in `benchmarks/results/issue16/` (README there)."
+    )
+
+
 def results_lines(result: GraphE2EResult) -> list[str]:
     """The section of docs/RESULTS.md."""
     meta = result.meta
@@ -261,8 +302,8 @@ def results_lines(result: GraphE2EResult) -> list[str]:
         f"{meta['repetitions']} runs after {meta['warmup_runs']} warm-up, every run in graph_e2e.json. "
         f"Document: {meta['document']}. {result.provenance.commit_sentence()} "
         "The pooled graph builds its pool inside every run; the re-prefill graph "
-        "(`build_graph(prefetch=ReprefillDocument(chat))`) prefills the document in every call, each call decoding "
-        "alone.",
+        f"(`build_graph(prefetch=ReprefillDocument(chat))`) {baseline_sentence(meta)}",
+        *([] if legacy_note(meta) is None else ["", legacy_note(meta)]),
         "",
         "| context | method | wall | prefetch | planner | specialists | critic | summarizer | calls "
         "| output tokens | ms per output token | input tokens (from pool) | same plan |",
@@ -301,11 +342,14 @@ def readme_summary(result: GraphE2EResult) -> str:
         for context, pair in pairs
     ]
     calls = pairs[0][1]["pooled"]["calls"]
+    note = legacy_note(meta)
     return (
         f"End to end, the {meta['roles']}-role document-review graph ({calls:.0f} calls: the same typed plan, then "
         f"answers of exactly {meta['max_tokens']} tokens each, the same work for both) takes "
         + "; and ".join(parts)
-        + f" (`python -m benchmarks graph_e2e`, median of {meta['repetitions']} after a warm-up)."
+        + f" (`python -m benchmarks graph_e2e`, median of {meta['repetitions']} after a warm-up). "
+        + f"The re-prefill baseline {baseline_sentence(meta)}"
+        + ("" if note is None else f"\n\n{note}")
     )
 
 

@@ -160,7 +160,7 @@ def run_peer_suite(
         progress(f"ours: document {index + 1}/{len(token_ids)}")
         ours_documents.append(_ours(model, tokenizer, prefix, continuation, max_new_tokens))
     progress(f"ours: {agents} agents at once")
-    kv_peak, _, rss_peak = runtime_peak(ours_documents[-1]["pool"], model, tokenizer, agents, 8)
+    kv_peak, _, rss_peak, _ = runtime_peak(ours_documents[-1]["pool"], model, tokenizer, agents, 8)
     ours = {**_summary(ours_documents, similarity), "kv_bytes_agents_peak": kv_peak, "rss_peak_agents": rss_peak}
     theirs = {
         **_summary(peer["documents"], similarity),

@@ -1,7 +1,9 @@
 """``python -m benchmarks peers``: what else a user could run, measured side by side in one run.
 
 Same machine, same model file (the embedded GGUF), same prompts in the same order, greedy, the same
-number of tokens decoded per call:
+number of tokens decoded per call. Not the same weight format: llama.cpp computes with the file's Q4_1
+matrices as stored, ours de-quantises them (bf16, or int8/int4 with ``--weights``;
+:func:`~benchmarks.studies.peers_writer.formats_note`):
 
 - **polykv_agents**: the 15-role document-review graph with one pool (graphs/document_review.py), its
   calls recorded token for token (:class:`~benchmarks.studies.recording.RecordingEngine`);
@@ -31,7 +33,14 @@ from typing import Any
 
 from pydantic import Field, FilePath, field_validator, model_validator
 
-from benchmarks.studies.peers_writer import compression_table, winners_lines, write_peers
+from benchmarks.studies.peers_writer import (
+    compression_table,
+    decode_15_text,
+    formats_note,
+    llama_server_decode_note,
+    winners_lines,
+    write_peers,
+)
 from benchmarks.studies.side_process import run_side
 from benchmarks.studies.workflows import LANGGRAPH_JSON
 from polykv_agents.bench.environment import RunInfo
@@ -151,6 +160,8 @@ def _ours_probe(model, tokenizer, document: str, context: int, decode_tokens: in
     aggregate = median_after_warmup(1, lambda: _tokens_per_s(*run_batched(agents, questions, settings)))
     scheduler = engine.schedulers.scheduler_for(model, tokenizer, pool, "decompressed")
     resident = pool.nbytes + scheduler.prefix.peak_decoded_nbytes
+    if compiled:  # figures labelled compiled must not come from eager steps
+        engine.schedulers.require_compiled()
     engine.close()
     figures = {
         "prefill_tok_s": pool.num_tokens / prefill_s,
@@ -395,9 +406,12 @@ def readme_blocks(result: SuiteResult) -> dict[str, str]:
             f"| {r['context_tokens']:,} | {r['method']} | {cell(r, 'review_wall_s', '{:.1f} s')} "
             f"| {cell(r, 'ttft_scratch_s', '{:.2f}')} / {cell(r, 'ttft_cold_s', '{:.2f}')} / "
             f"{cell(r, 'ttft_warm_s', '{:.2f} s')} "
-            f"| {cell(r, 'decode_tok_s', '{:.1f}')} / {cell(r, 'decode_tok_s_15', '{:.1f}')} "
+            f"| {cell(r, 'decode_tok_s', '{:.1f}')} / {decode_15_text(r, result.settings['roles'])} "
             f"| {cell(r, 'prefill_tok_s', '{:.0f}')} | {r['rss_peak_bytes'] / 2**20:,.0f} MiB |"
         )
+    lines += ["", formats_note(result.settings["model_file"], result.info.dtype)]
+    if any(r["method"].startswith("llama-server") for r in engines):
+        lines += ["", llama_server_decode_note(result.settings["roles"])]
     compiled = [r for r in engines if r.get("compiled_decode") and r["context_tokens"] == engines[0]["context_tokens"]]
     for r in compiled:
         lines += [
@@ -421,7 +435,8 @@ def _measure(options: PeersOptions, progress: Progress) -> SuiteResult:
 
 SUITE = TableSuite(
     "peers",
-    "llama.cpp (llama-cpp-python, llama-server) against the pooled review, side by side: same GGUF, prompts, work.",
+    "llama.cpp (llama-cpp-python, llama-server) against the pooled review, side by side: same GGUF file (its Q4_1 "
+    "weights as stored on llama.cpp, de-quantised on ours), prompts, work.",
     PeersOptions,
     _measure,
     write_peers,

@@ -1,14 +1,83 @@
 """``peers.md`` and its plot, from the peers suite's :class:`~polykv_agents.bench.output.SuiteResult`: the
 engines' table, who wins each measure (:func:`winners_lines`, also in the README's block), the compression peer's
-table and the review's time per stage."""
+table and the review's time per stage.
+
+Rows are named as the run recorded them, with two exceptions made in rendering, never in the JSON: a compression
+row of a preset whose config has changed since is named by its config (:func:`compression_method`), and
+llama-server's many-agent decode figure says how many document prefills it includes (:func:`decode_15_text`).
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from polykv_agents.bench.configs import CONFIGS
 from polykv_agents.bench.output import MIB, Column, SuiteResult, column, markdown_table, mib_column, write_suite
 from polykv_agents.bench.sweep import pct_interval
+from polykv_agents.config import PRESETS, CompressionConfig
+
+GGUF_TENSOR_TYPES = {
+    "SmolLM2-135M-Instruct.Q4_1.gguf": (
+        "Q4_1 for its 210 attention and MLP matrices, Q8_0 for the token embedding (which is also the output "
+        "head) and F32 for its 61 norms"
+    ),
+}
+"""Model file -> what its tensors store, read with the ``gguf`` package (``GGUFReader(path).tensors``, each
+tensor's ``tensor_type``; file type 3, mostly Q4_1) (a documented registry: one entry per file a run used)."""
+
+
+def formats_note(model_file: str, dtype: str) -> str:
+    """Which weights each side computes with: both read ``model_file``, but not in the same format."""
+    stored = GGUF_TENSOR_TYPES.get(model_file, "the types it stores")
+    return (
+        f"Same file, not the same format: both sides read `{model_file}`. llama.cpp computes with its weights as "
+        f"stored ({stored}). Ours de-quantises them once (transformers' GGUF loader) and computes in {dtype} (the "
+        "rows without a weights setting), or re-quantises those values to int8, one scale per output channel, or "
+        "int4 in groups of 32 with the output head in int8 (the int8 and int4 rows). llama.cpp rows in F16 need "
+        "a re-run."
+    )
+
+
+def compression_method(method: str) -> str:
+    """A compression row's name as today's configs name it: ``"polykv_agents, max preset (K:tq4 V:tq3)"``, from
+    a run before ``max`` was re-decided, becomes ``"polykv_agents, keys tq4, values tq3 (K:tq4 V:tq3; the `max`
+    preset when measured)"``, by the config label the row recorded; any other name is returned as it is."""
+    match = re.fullmatch(r"polykv_agents, (\w+) preset \((.+)\)", method)
+    if match is None or match[1] not in PRESETS or CompressionConfig.preset(match[1]).label() == match[2]:
+        return method
+    preset, label = match[1], match[2]
+    name = next((name for name, config in CONFIGS.items() if config.label() == label), label)
+    return f"polykv_agents, {name} ({label}; the `{preset}` preset when measured)"
+
+
+def document_prefills(row: dict, agents: int) -> int:
+    """How many document prefills llama-server's ``agents``-agent decode figure includes: one slot holds the
+    document before the timed completions (``aggregate_decode``), and every other slot that takes one of them
+    prefills it again, since slots do not share a prefix; 0 for any other method."""
+    match = re.match(r"llama-server, (\d+) slot", row["method"])
+    if match is None or row.get("decode_tok_s_15") is None:
+        return 0
+    return min(int(match[1]), agents) - 1
+
+
+def decode_15_text(row: dict, agents: int) -> str:
+    """The many-agent decode figure, with the document prefills it includes, if any."""
+    if row.get("decode_tok_s_15") is None:
+        return "—"
+    prefills = document_prefills(row, agents)
+    return f"{row['decode_tok_s_15']:.1f}" + (f" (incl. {prefills} document prefills)" if prefills else "")
+
+
+def llama_server_decode_note(agents: int) -> str:
+    """What llama-server's many-agent decode figure times, per slot setting."""
+    return (
+        f"llama-server's {agents}-agent decode figure puts the document into one slot, then times the {agents} "
+        f"completions at once: with {agents} slots it includes {agents - 1} prefills of the document (its slots "
+        "do not share the prefix), so it is not a decode speed; with 1 slot the completions queue over the one "
+        "context that keeps the document, and each evaluates only its own prompt."
+    )
 
 
 def measure_text(key: str, value: float) -> str:
@@ -80,12 +149,12 @@ def winners_lines(rows: list[dict]) -> list[str]:
 
 
 def compression_table(rows: list[dict]) -> str:
-    """Bytes and PPL delta of each compressed KV cache, per context."""
+    """Bytes and PPL delta of each compressed KV cache, per context (a changed preset named by its config)."""
     return markdown_table(
         rows,
         [
             column("context", "context_tokens"),
-            column("KV cache", "method"),
+            Column("KV cache", lambda r: compression_method(r["method"])),
             mib_column("MiB", "kv_bytes", 2),
             column("x vs fp16", "ratio_vs_fp16", "{:.2f}"),
             Column("PPL delta, mean [95% CI]", pct_interval),
@@ -116,6 +185,7 @@ def review_stages(rows: Sequence[dict]):
 
 
 def write_peers(result: SuiteResult, out_dir: Path) -> list[Path]:
+    agents = result.settings.get("roles", 15)
     columns = [
         column("context", "context_tokens"),
         column("method", "method"),
@@ -128,7 +198,7 @@ def write_peers(result: SuiteResult, out_dir: Path) -> list[Path]:
         Column("TTFT scratch", _seconds("ttft_scratch_s", 2)),
         Column("TTFT cold", _seconds("ttft_cold_s", 3)),
         Column("TTFT warm", _seconds("ttft_warm_s", 3)),
-        Column("decode tok/s, 1 / 15 agents", lambda r: f"{_rate('decode_tok_s')(r)} / {_rate('decode_tok_s_15')(r)}"),
+        Column("decode tok/s, 1 / 15 agents", lambda r: f"{_rate('decode_tok_s')(r)} / {decode_15_text(r, agents)}"),
         Column("prefill tok/s", _rate("prefill_tok_s")),
         Column("peak RSS MiB", _mib("rss_peak_bytes")),
         Column("KV MiB, stored / resident", lambda r: f"{_mib('kv_bytes')(r)} / {_mib('kv_bytes_resident')(r)}"),
@@ -148,14 +218,16 @@ def write_peers(result: SuiteResult, out_dir: Path) -> list[Path]:
         "prefix. Peak RSS: llama.cpp in a fresh process of its own; ours sampled around our own runs (the "
         "model's weights included; a run with several weights settings holds a copy of the model for each, and "
         "every one of them counts in every row of ours).",
+        *([formats_note(result.settings["model_file"], result.info.dtype)] if "model_file" in result.settings else []),
         "Where each side stands:\n\n" + "\n".join(winners_lines(engines)),
     ]
     if server:
         notes.append(
-            "llama-server's prompt cache: "
+            llama_server_decode_note(agents)
+            + " Its prompt cache in the review: "
             + "; ".join(
-                f"at {r['context_tokens']} tokens it evaluated {r['prompt_tokens_evaluated']:,} of "
-                f"{r['prompt_tokens']:,} prompt tokens"
+                f"{r['method'].split(', ')[1]} at {r['context_tokens']} tokens evaluated "
+                f"{r['prompt_tokens_evaluated']:,} of {r['prompt_tokens']:,} prompt tokens"
                 for r in server
             )
             + "."

@@ -114,6 +114,8 @@ def profile_rows(
             answer_all(crew, questions, settings)
         finally:
             run_on_compute_thread(profiler.__exit__, None, None, None)
+        if compile_decode:  # a profile labelled compiled must not come from eager steps
+            engine.schedulers.require_compiled()
     finally:
         engine.close()
     step_ms, operators = _step_breakdown(list(profiler.events()))

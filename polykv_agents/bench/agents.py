@@ -229,7 +229,7 @@ def run_agents_bench(
         rss_peak_bytes={name: max(values) for name, values in rss.items()},
         samples_tok_s=samples,
         naive_rows_identical=sum(a == b for a, b in zip(answers["naive"], answers["batched_warm"], strict=True)),
-        provenance=Provenance.of_this_checkout(),
+        provenance=Provenance.of_this_process(),
     )
 
 
@@ -254,6 +254,13 @@ def _gib(value: int) -> str:
     return f"{value / 2**30:.2f}"
 
 
+def _before_todays_runtime(results: list[AgentsBenchResult]) -> list[str]:
+    """The captions' warning for float32 runs from before commit recording (``[]`` for any other run)."""
+    old = all(r.dtype == "float32" and r.provenance.commit_source == "inferred" for r in results)
+    caveat = "made before the compute thread, int8 weights and the prefix tree; they will be re-run with them."
+    return [f"**Before today's runtime:** float32 runs {caveat}", ""] * old
+
+
 def results_lines(results: list[AgentsBenchResult]) -> list[str]:
     """The section of docs/RESULTS.md: conditions, the measured table, the ratios."""
     first = results[0]
@@ -270,6 +277,7 @@ def results_lines(results: list[AgentsBenchResult]) -> list[str]:
         "Document: pydoc_data.topics (CPython), cut to the context length. "
         + commit_sentences([r.provenance for r in results]),
         "",
+        *_before_todays_runtime(results),
         "- `batched, cold`: the runtime on a fresh engine: decoding the shared prefix from the pool is inside the "
         "timed run;",
         "- `batched, warm`: the runtime with the prefix already resident (a running workflow's later stages);",
@@ -318,6 +326,7 @@ def readme_table(results: list[AgentsBenchResult]) -> str | None:
         return None
     first = rows[0]
     lines = [
+        *_before_todays_runtime(rows),
         f"{first.agents} agents, {first.max_new_tokens} tokens each (EOS ignored), over one pool; same machine, "
         f"model, dtype ({first.dtype.replace('float', 'fp')}) and prompts for every method,",
         f"median of {first.repetitions} runs after a warm-up (`polykv-agents bench agents`, full table in "

@@ -53,7 +53,7 @@ class RunInfo(Provenance):
             model=str(getattr(model.config, "name_or_path", "") or type(model).__name__).split("/")[-1],
             dtype=str(model.dtype).removeprefix("torch."),
             date=datetime.date.today().isoformat(),
-            **Provenance.of_this_checkout().model_dump(),
+            **Provenance.of_this_process().model_dump(),
         )
 
     def sentence(self) -> str:

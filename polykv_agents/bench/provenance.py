@@ -11,6 +11,7 @@ An installed wheel has no repository: then the commit is ``None`` and the packag
 
 from __future__ import annotations
 
+import functools
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,10 +27,10 @@ GENERATED_PATHS = ("benchmarks/results", "benchmarks/journals", "docs", "README.
 
 
 class SourceCommit(NamedTuple):
+    """HEAD's full hash, and whether tracked files other than :data:`GENERATED_PATHS` differ from it."""
+
     commit: str
-    """The full hash of HEAD."""
     dirty: bool
-    """Tracked files other than :data:`GENERATED_PATHS` differ from HEAD."""
 
 
 class Provenance(BaseModel):
@@ -46,13 +47,13 @@ class Provenance(BaseModel):
     its JSON into the repository (the code then is the nearest known to the code that ran)."""
 
     @classmethod
-    def of_this_checkout(cls) -> Provenance:
+    @functools.cache
+    def of_this_process(cls) -> Provenance:
+        """The checkout as this process first asked (cached): the code it imported. A suite asks before it
+        measures, so that edits made while it runs do not count as its code."""
         source = source_commit()
-        return cls(
-            package_version=polykv_agents.__version__,
-            git_commit=source.commit if source else None,
-            dirty=source.dirty if source else None,
-        )
+        return cls(package_version=polykv_agents.__version__, git_commit=source and source.commit,
+                   dirty=source and source.dirty)  # fmt: skip
 
     def commit_sentence(self) -> str:
         """Which code ran, for captions: the short commit and whether it had uncommitted changes."""

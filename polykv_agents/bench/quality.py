@@ -114,6 +114,7 @@ def run_quality_suite(
     max_new_tokens: int = 48,
     similarity: Similarity | None = None,
     progress: Progress = lambda _: None,
+    first_document: int = 0,
 ) -> SuiteResult:
     configs = configs or {name: CompressionConfig.preset(name) for name in ("default", "paper", "max")}
     rows = ppl_rows(model, tokenizer, texts, contexts, configs, continuation_tokens, progress)
@@ -123,6 +124,7 @@ def run_quality_suite(
         info=RunInfo.collect(model),
         settings={
             "documents": len(texts),
+            "first_document": first_document,
             "contexts": list(contexts),
             "continuation_tokens": continuation_tokens,
             "agreement_context": agreement_context,
@@ -143,6 +145,8 @@ class QualityOptions(SweepOptions):
     """Compression presets or the frontier's configs to compare with full precision (repeatable)."""
     agreement_context: int = Field(default=2048, ge=1)
     """Document tokens the agreement questions are asked over."""
+    first_document: int = Field(default=0, ge=0)
+    """Texts start at this index: the frontier chose `max` on texts 0-4, so 5 or more are held out."""
 
     @field_validator("configs")
     @classmethod
@@ -157,7 +161,7 @@ def _measure(options: QualityOptions, progress: Progress) -> SuiteResult:
     from polykv_agents.eval.corpus import pydoc_documents
     from polykv_agents.eval.embeddings import minilm_similarity
 
-    texts = pydoc_documents(options.documents)
+    texts = pydoc_documents(options.first_document + options.documents)[options.first_document :]
     model, tokenizer = load_model_for(options.model)
     return run_quality_suite(
         model,
@@ -168,6 +172,7 @@ def _measure(options: QualityOptions, progress: Progress) -> SuiteResult:
         agreement_context=options.agreement_context,
         similarity=minilm_similarity(),
         progress=progress,
+        first_document=options.first_document,
     )
 
 
@@ -250,11 +255,16 @@ def write_quality(result: SuiteResult, out_dir: Path) -> list[Path]:
         + markdown_table(agreement, agreement_columns)
     ]
     figures = {"ppl_vs_context": ppl_delta_vs_context(ppl, result.info.model)}
-    return write_suite(result, out_dir, title="Quality", columns=columns, figures=figures, notes=notes, table_rows=ppl)
+    first, count = result.settings.get("first_document", 0), result.settings["documents"]
+    title = f"Quality, held-out texts {first}-{first + count - 1}" if first else "Quality"
+    return write_suite(result, out_dir, title=title, columns=columns, figures=figures, notes=notes, table_rows=ppl)
 
 
-REPRODUCE = ("--config", "default", "--config", "paper", "--config", "max", "--config", "keys tq4, values tq3")
+PRESETS = ("--config", "default", "--config", "paper", "--config", "max")
+REPRODUCE = (*PRESETS, "--config", "keys tq4, values tq3")
 """The presets and the ``max`` of 0.1, which the README's quality table compares."""
+HELD_OUT = ("--first-document", "5", *PRESETS, "--out", "benchmarks/results/heldout")
+"""The presets on texts 5-9, which the frontier that chose ``max`` (on texts 0-4) never saw."""
 
 SUITE = TableSuite(
     "quality",
@@ -263,6 +273,6 @@ SUITE = TableSuite(
     _measure,
     write_quality,
     command=f"polykv-agents bench quality {shlex.join(REPRODUCE)}",
-    reproduce=(REPRODUCE,),
+    reproduce=(REPRODUCE, HELD_OUT),
     blocks=readme_blocks,
 )

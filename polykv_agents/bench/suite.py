@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -154,7 +155,9 @@ class TableSuite(Generic[OptionsT]):
         for other in sorted(results_dir.glob(f"*/{self.name}.json")):
             their = SuiteResult.load(other)
             self.write(their, other.parent)
-            heading, *body = results_section((other.parent / f"{self.name}.md").read_text(), command)
+            own = [a for a in self.reproduce if a and a[-1].endswith(f"/{other.parent.name}")]  # its planned run
+            ran = f"polykv-agents bench {self.name} {shlex.join(own[0])}" if own else command
+            heading, *body = results_section((other.parent / f"{self.name}.md").read_text(), ran)
             here = f"](../benchmarks/results/{other.parent.name}/"  # its plots are in its own folder
             body = [line.replace("](../benchmarks/results/", here) for line in body]
             sections += ["", f"{heading}, {their.info.model}", *body]

@@ -10,8 +10,9 @@ with its own document (the independent samples). Per item:
               its answer started with RULER's answer prefix for the task (the model continues it)
            -> scored against the item's references: string match (RULER) and token F1
 
-Every answer is kept in the JSON; the Markdown's intervals are 95% t-intervals over items, and the delta of a
-preset is paired: the same item's score minus its ``full`` score.
+Every answer is kept in the JSON. In the Markdown a score's interval is a 95% t-interval over items; a preset's
+delta is paired, the same item's score minus its ``full`` score (``stats.paired_comparison``: a bootstrap interval,
+the items whose score rose and fell, a sign test); pooled figures leave out contexts where ``full`` is on the floor.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from polykv_agents.bench.configs import REFERENCE, compressed_config_names, conf
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.journal import Journal, differing_options
 from polykv_agents.bench.output import Progress, column, markdown_table
+from polykv_agents.bench.stats import mean_interval, paired_comparison
 from polykv_agents.bench.suite import JsonSuite, Rendered, SuiteOptions, load_model_for
 from polykv_agents.runtime.backend import Runtime
 
@@ -229,14 +231,45 @@ def _refuse_other_questions(path: Path, changed: list[str]) -> None:
 
 
 def _interval(samples: Sequence[float]) -> dict[str, float]:
-    from polykv_agents.bench.stats import mean_interval
+    return mean_interval(samples).model_dump(include={"mean", "low", "high", "n"})
 
-    interval = mean_interval(samples)
-    return {"mean": interval.mean, "low": interval.low, "high": interval.high, "n": interval.n}
+
+def _paired(differences: Sequence[float]) -> dict[str, float]:
+    """Per-item differences: bootstrap interval, the items that rose and fell, their sign test."""
+    return paired_comparison(differences).model_dump(exclude={"confidence", "resamples"})
 
 
 ALL = "all"
 """The group of every item, whatever its context or task."""
+
+FLOOR = 10.0
+"""Full-precision score (points) under which a context is left out of the pooled figures: where the model finds
+almost nothing, compression has little to lose, and those items' zero differences would only narrow the interval."""
+
+
+def pooled_answers(answers: Sequence[TaskAnswer]) -> tuple[list[TaskAnswer], dict[int, float]]:
+    """The answers at the contexts where full precision scores :data:`FLOOR` points or more, and the contexts left
+    out with their full-precision score."""
+    full = [a for a in answers if a.config == REFERENCE]
+    scores = {
+        c: 100 * statistics.fmean(a.score for a in full if a.context == c) for c in sorted({a.context for a in full})
+    }
+    left_out = {c: score for c, score in scores.items() if score < FLOOR}
+    return [a for a in answers if a.context not in left_out], left_out
+
+
+def _left_out_text(left_out: dict[int, float]) -> str:
+    if not left_out:
+        return ""
+    scores = ", ".join(f"{score:.1f}" for score in left_out.values())
+    return (
+        f" The pooled figures leave out {_contexts_text(left_out)} tokens, where full precision scores under "
+        f"{FLOOR:.0f} points ({scores}): on that floor compression has little to lose."
+    )
+
+
+def _contexts_text(contexts) -> str:
+    return " and ".join(", ".join(f"{c:,}" for c in contexts).rsplit(", ", 1))
 
 
 def summary_rows(answers: Sequence[TaskAnswer], by: str) -> list[dict[str, Any]]:
@@ -255,7 +288,7 @@ def summary_rows(answers: Sequence[TaskAnswer], by: str) -> list[dict[str, Any]]
             by: group, "config": config,
             "score": _interval([100 * a.score for a in items.values()]),
             "f1": 100 * statistics.fmean(a.f1 for a in items.values()),
-            "delta": _interval(paired) if config != REFERENCE and paired else None,
+            "delta": _paired(paired) if config != REFERENCE and paired else None,
             "ratio": statistics.median(a.compression_ratio for a in items.values()),
         })  # fmt: skip
     return rows
@@ -263,7 +296,7 @@ def summary_rows(answers: Sequence[TaskAnswer], by: str) -> list[dict[str, Any]]
 
 def pairwise_rows(answers: Sequence[TaskAnswer], context: int | None) -> list[dict[str, Any]]:
     """Each compressed config against each one listed before it, on the same items at ``context`` (None: at
-    every context): the paired score difference (points, 95% CI) and how many items' scores differ."""
+    every context of ``answers``): the paired score difference (points, :func:`_paired`)."""
     scores: dict[str, dict[tuple[int, int], float]] = {}
     for a in answers:
         if context in (None, a.context) and a.config != REFERENCE:
@@ -274,18 +307,24 @@ def pairwise_rows(answers: Sequence[TaskAnswer], context: int | None) -> list[di
         for earlier in configs[:later_index]:
             shared = sorted(scores[config].keys() & scores[earlier].keys())
             differences = [scores[config][item] - scores[earlier][item] for item in shared]
-            rows.append({
-                "config": config, "against": earlier, "difference": _interval(differences),
-                "differing": sum(1 for d in differences if d),
-            })  # fmt: skip
+            rows.append({"config": config, "against": earlier, "difference": _paired(differences)})
     return rows
 
 
-def _with_interval(figure: dict[str, float] | None, signed: bool = False) -> str:
+def _with_interval(figure: dict[str, float] | None, signed: bool = False, p: bool = False) -> str:
+    """``mean (low to high)``; a paired figure adds its discordant counts, ``; 3 up, 7 down``, and with ``p`` its
+    sign test."""
     if figure is None:
         return "reference"
     sign = "+" if signed else ""
-    return f"{figure['mean']:{sign}.1f} ({figure['low']:{sign}.1f} to {figure['high']:{sign}.1f})"
+    counts = f"; {figure['better']} up, {figure['worse']} down" if "better" in figure else ""
+    counts += f", p={figure['sign_test_p']:.2g}" if p and counts else ""
+    return f"{figure['mean']:{sign}.1f} ({figure['low']:{sign}.1f} to {figure['high']:{sign}.1f}{counts})"
+
+
+PAIRED_CAPTION = (
+    "mean difference (95% paired bootstrap over items, 10,000 resamples; up, down: items whose score rose, fell"
+)
 
 
 def render_markdown(result: TasksResult) -> str:
@@ -295,7 +334,7 @@ def render_markdown(result: TasksResult) -> str:
         column("x smaller than fp16 (measured)", "ratio", "{:.2f}"),
         column("items", "items"),
         column("score, points (95% CI)", "score_text"),
-        column("vs full precision, same items (95% CI)", "delta_text"),
+        column("vs full precision, same items", "delta_text"),
         column("token F1", "f1", "{:.1f}"),
     ]
 
@@ -303,7 +342,7 @@ def render_markdown(result: TasksResult) -> str:
         chosen = [r for r in rows if r[by] == value]
         shaped = [
             {**r, "items": r["score"]["n"], "score_text": _with_interval(r["score"]),
-             "delta_text": _with_interval(r["delta"], signed=True)}
+             "delta_text": _with_interval(r["delta"], signed=True, p=True)}
             for r in chosen
         ]  # fmt: skip
         return markdown_table(shaped, columns)
@@ -312,33 +351,36 @@ def render_markdown(result: TasksResult) -> str:
     by_task = summary_rows(result.answers, "task")
     contexts = sorted({a.context for a in result.answers})
     tasks = list(dict.fromkeys(a.task for a in result.answers))
+    pooled, left_out = pooled_answers(result.answers)
     parts = [
         "# Finding the fact in a pooled document: task scores\n",
         info.machine_and_model() + f" Greedy answers by a fact-finder role over the pooled document, "
         f"decoded by the `{options['runtime']}` runtime; "
         f"tasks: {', '.join(tasks)}; {options['items']} items per context, each its own document (seed "
-        f"{options['seed']}). Scores: RULER's string match, in points; intervals are 95% t-intervals over items, "
-        f"and a preset's delta is paired with the full-precision answer to the same item. {info.date}.\n",
+        f"{options['seed']}). Scores: RULER's string match, in points, with 95% t-intervals over items. A preset's "
+        f"change against full precision, and one config's against another, is paired on the same items: "
+        f"{PAIRED_CAPTION}; p: exact two-sided sign test on them, McNemar's for 0/1 scores).{_left_out_text(left_out)} "
+        f"{info.date}.\n",
     ]
     pair_columns = [
         column("config", "config"),
         column("against", "against"),
-        column("difference on the same items, points (95% CI)", "difference_text"),
-        column("items whose scores differ", "differing"),
+        column("difference on the same items, points", "difference_text"),
     ]
     sections = [
         (f"## {c:,}-token documents, all tasks\n", by_context, "context", c, f"at {c:,} tokens") for c in contexts
     ]
-    if len(contexts) > 1:
-        every = f"## Every context ({', '.join(f'{c:,}' for c in contexts)} tokens), all tasks\n"
-        sections.append((every, summary_rows(result.answers, ALL), ALL, ALL, "over every context"))
+    if len(kept := sorted({a.context for a in pooled})) > 1:
+        every = f"## {'Contexts pooled' if left_out else 'Every context'} ({_contexts_text(kept)} tokens), all tasks\n"
+        sections.append((every, summary_rows(pooled, ALL), ALL, ALL, "over the pooled contexts"))
     for heading, rows, by, value, where in sections:
         parts += [heading, table(rows, by, value), ""]
-        pairs = [{**r, "difference_text": _with_interval(r["difference"], signed=True)}
-                 for r in pairwise_rows(result.answers, None if value == ALL else value)]  # fmt: skip
+        chosen = (pooled, None) if value == ALL else (result.answers, value)
+        pairs = [{**r, "difference_text": _with_interval(r["difference"], signed=True, p=True)}
+                 for r in pairwise_rows(*chosen)]  # fmt: skip
         if pairs:
             parts += [f"Compressed configs against each other {where}:\n", markdown_table(pairs, pair_columns), ""]
-    parts.append(f"## By task, all contexts ({', '.join(f'{c:,}' for c in contexts)} tokens)\n")
+    parts.append(f"## By task, all contexts ({_contexts_text(contexts)} tokens)\n")
     for task in tasks:
         parts += [f"### {task}\n", table(by_task, "task", task), ""]
     return "\n".join(parts)
@@ -356,17 +398,19 @@ def readme_table(result: TasksResult) -> str:
     contexts = sorted({r["context"] for r in rows})
     configs = list(dict.fromkeys(r["config"] for r in rows))
     cell = {(r["config"], r["context"]): r for r in rows}
-    headers = [f"score at {c:,} tokens (vs full, 95% CI)" for c in contexts]
+    headers = [f"score at {c:,} tokens (vs full)" for c in contexts]
     columns: list[Any] = list(contexts)
-    if len(contexts) > 1:  # every item at once: the narrowest intervals
-        cell |= {(r["config"], ALL): r for r in summary_rows(result.answers, ALL)}
-        headers.append(f"every context, {len(contexts) * result.options['items']} items (vs full, 95% CI)")
+    pooled, left_out = pooled_answers(result.answers)
+    if len(kept := sorted({a.context for a in pooled})) > 1:  # every item off the floor at once: the narrowest
+        cell |= {(r["config"], ALL): r for r in summary_rows(pooled, ALL)}
+        where = f"{_contexts_text(kept)} tokens" if left_out else "every context"
+        headers.append(f"{where} pooled, {cell[(REFERENCE, ALL)]['score']['n']} items (vs full)")
         columns.append(ALL)
     lines = ["| preset | x vs fp16 | " + " | ".join(headers) + " |", "|---|---:|" + "---:|" * len(columns)]
     for config in configs:
         scores = [
             f"{cell[(config, c)]['score']['mean']:.1f}"
-            + ("" if config == REFERENCE else f" ({_with_interval(cell[(config, c)]['delta'], signed=True)})")
+            + ("" if config == REFERENCE else f", {_with_interval(cell[(config, c)]['delta'], signed=True)}")
             for c in columns
         ]
         ratios = sorted({f"{cell[(config, c)]['ratio']:.2f}" for c in contexts}, key=float)  # scales vary a little
@@ -381,7 +425,8 @@ def readme_table(result: TasksResult) -> str:
     return (
         f"{result.run_info.model} ({result.run_info.dtype}), {items} items per context over "
         f"{len(result.options['tasks'])} tasks (`polykv-agents bench tasks{_flags(result)}`, "
-        f"{result.run_info.date}; points of RULER's string match):\n\n" + "\n".join(lines)
+        f"{result.run_info.date}; points of RULER's string match). A cell is the score, then its change against "
+        f"full precision on the same items: {PAIRED_CAPTION}).{_left_out_text(left_out)}\n\n" + "\n".join(lines)
     )
 
 

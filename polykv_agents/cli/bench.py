@@ -24,6 +24,7 @@ import typer
 from pydantic.fields import FieldInfo
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from polykv_agents.bench.provenance import Provenance
 from polykv_agents.bench.registry import SUITES
 from polykv_agents.bench.suite import Suite
 from polykv_agents.cli.support import clean_errors, err, out
@@ -80,6 +81,7 @@ def suite_command(suite: Suite) -> Callable[..., None]:
         out_dir, as_json = kwargs.pop("out_dir"), kwargs.pop("as_json")
         options = suite.options(**kwargs)
         with _steps() as step:
+            Provenance.of_this_process()  # the code this run imported, before any edit made while it measures
             result = suite.run(options, step)
         written = suite.write(result, out_dir)
         if as_json:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import math
 
+import optimum.quanto  # noqa: F401  (the dev extra installs it: these tests run, never skip)
 import pytest
 import torch
-
-pytest.importorskip("optimum.quanto")  # an optional extra: polykv-agents[peers]
 
 from benchmarks.studies import hf_quantized
 from benchmarks.studies.hf_quantized import (

@@ -119,16 +119,37 @@ def test_write_peers_writes_its_table_plot_and_the_servers_prompt_cache_line(tmp
     rows = [
         _row(256, "polykv_agents (one pool)", review_wall_s=10.0, planner_s=5.0, specialist_s=3.0),
         _row(256, "llama-server, 15 slots, prompt cache", review_wall_s=18.0, specialist_s=15.0,
-             prompt_tokens_evaluated=5826, prompt_tokens=6820),
+             prompt_tokens_evaluated=5826, prompt_tokens=6820, decode_tok_s_15=3.0),
     ]  # fmt: skip
-    result = SuiteResult(suite="peers", info=info, settings={"contexts": [256]}, rows=rows, summary={})
+    settings = {"contexts": [256], "roles": 15, "model_file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
+    result = SuiteResult(suite="peers", info=info, settings=settings, rows=rows, summary={})
     names = [p.name for p in write_peers(result, tmp_path)]
     assert names == ["peers.json", "peers.md", "peers_stages.png"]
     markdown = (tmp_path / "peers.md").read_text()
     assert (
-        "it evaluated 5,826 of 6,820 prompt tokens" in markdown
+        "15 slots at 256 tokens evaluated 5,826 of 6,820 prompt tokens" in markdown
         and "| 256 | polykv_agents (one pool) | 10.0 s" in markdown
     )
+    # llama-server's 15-agent figure says what it includes; the formats of the one file are stated.
+    assert "| — / 3.0 (incl. 14 document prefills) |" in markdown
+    assert "llama.cpp computes with its weights as stored (Q4_1 for its 210 attention and MLP matrices" in markdown
+    assert "computes in float32" in markdown
+
+
+def test_a_compression_row_of_a_preset_re_decided_since_is_named_by_its_config():
+    from benchmarks.studies.peers_writer import compression_method, document_prefills
+
+    assert compression_method("polykv_agents, max preset (K:tq4 V:tq3)") == (
+        "polykv_agents, keys tq4, values tq3 (K:tq4 V:tq3; the `max` preset when measured)"
+    )
+    for unchanged in (
+        "polykv_agents, default preset (K:int8/channel V:tq3)",  # today's default: the same config
+        "polykv_agents, max preset (K:ctq4/pre-rope V:ctq3)",  # today's max
+        "transformers QuantizedCache, quanto, 4-bit",
+    ):
+        assert compression_method(unchanged) == unchanged
+    assert document_prefills({"method": "llama-server, 1 slot, prompt cache", "decode_tok_s_15": 59.5}, 15) == 0
+    assert document_prefills({"method": "llama.cpp, prefix reuse", "decode_tok_s_15": 1.0}, 15) == 0
 
 
 def test_peers_without_their_extra_say_what_to_install_before_measuring(monkeypatch, tmp_path):

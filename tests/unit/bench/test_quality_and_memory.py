@@ -38,6 +38,22 @@ def test_the_quality_suite_measures_the_configs_it_is_given(tiny_model_dir, monk
     assert result.settings["agreement_context"] == 96
 
 
+def test_held_out_texts_start_at_the_first_document_and_the_result_says_so(tiny_model_dir, monkeypatch, tmp_path):
+    from polykv_agents.eval import embeddings
+    from polykv_agents.eval.corpus import pydoc_documents
+
+    monkeypatch.setattr(embeddings, "minilm_similarity", lambda: lambda a, b: [1.0] * len(a))
+    measure, measured = quality.run_quality_suite, []
+    monkeypatch.setattr(quality, "run_quality_suite", lambda *a, **kw: measured.append(a[2]) or measure(*a, **kw))
+    options = QualityOptions(contexts=[64], documents=2, first_document=5, configs=["max"], agreement_context=64,
+                             model=tiny_model_dir)  # fmt: skip
+    result = quality.SUITE.run(options, progress=lambda _: None)
+    assert measured == [pydoc_documents(7)[5:]]
+    assert result.settings["first_document"] == 5 and result.settings["documents"] == 2
+    quality.write_quality(result, tmp_path)
+    assert (tmp_path / "quality.md").read_text().startswith("### Quality, held-out texts 5-6\n")
+
+
 def _info() -> RunInfo:
     return RunInfo.model_construct(model="M", dtype="bfloat16")
 
@@ -67,14 +83,15 @@ def test_the_readme_memory_table_shows_the_most_agents_measured():
         return {
             "context_tokens": context, "agents": agents, "pool_nbytes": 2**20, "fp16_nbytes": 3 * 2**20,
             "kv_bytes_ours_peak": agents * 2**20, "kv_bytes_separate_model_dtype": 10 * agents * 2**20,
+            "kv_bytes_shared_fp16_prefix": (3 + agents) * 2**20,
         }  # fmt: skip
 
     rows = [row(600, 1), row(600, 15), row(2048, 1), row(2048, 15)]
     result = SuiteResult(suite="memory", info=_info(), settings={"config": "K:int8 V:tq3"}, rows=rows)
     lines = memory.readme_blocks(result)["memory"].splitlines()
-    assert lines[0].endswith("| KV with 15 agents at once: ours vs a cache each |")
+    assert lines[0].endswith("| KV with 15 agents at once: ours vs one shared fp16 prefix vs a cache each |")
     assert "pool (K:int8 V:tq3)" in lines[0]
     assert lines[2:] == [
-        "| 600 | 1.00 MiB | 3.00x | 15.0 vs 150.0 MiB |",
-        "| 2,048 | 1.00 MiB | 3.00x | 15.0 vs 150.0 MiB |",
+        "| 600 | 1.00 MiB | 3.00x | 15.0 vs 18.0 vs 150.0 MiB |",
+        "| 2,048 | 1.00 MiB | 3.00x | 15.0 vs 18.0 vs 150.0 MiB |",
     ]

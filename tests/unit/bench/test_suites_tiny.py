@@ -35,6 +35,9 @@ def test_memory_suite_grows_with_agents_for_separate_caches_only(tiny_model, tin
     # Once the document outweighs the agents' own prompts, one shared prefix beats four copies.
     assert rows[(384, 4)]["kv_bytes_ours_peak"] < rows[(384, 4)]["kv_bytes_separate_model_dtype"]
     assert rows[(384, 4)]["pool_nbytes"] > rows[(64, 4)]["pool_nbytes"]
+    # A prefix-sharing engine holds the document once in fp16; our default holds the pool beside its decoded prefix.
+    shared = rows[(384, 4)]["kv_bytes_shared_fp16_prefix"]
+    assert rows[(384, 4)]["fp16_nbytes"] < shared < rows[(384, 4)]["kv_bytes_ours_peak"]
     names = [p.name for p in write_memory(result, tmp_path)]
     assert names == ["memory.json", "memory.md", "memory_vs_agents.png"]
 

@@ -31,9 +31,9 @@ def test_compressed_configs_are_paired_against_each_other_on_the_same_items():
     rows = {(r["config"], r["against"]): r for r in suite.pairwise_rows(answers, 512)}
     assert list(rows) == [("max", "default"), ("small", "default"), ("small", "max")]
     assert rows[("max", "default")]["difference"]["mean"] == pytest.approx(-100 / 3)
-    assert rows[("max", "default")]["differing"] == 1
+    assert (rows[("max", "default")]["difference"]["better"], rows[("max", "default")]["difference"]["worse"]) == (0, 1)
     assert rows[("small", "max")]["difference"]["mean"] == pytest.approx(100 / 3)  # +1, +1, -1
-    assert rows[("small", "max")]["differing"] == 3
+    assert (rows[("small", "max")]["difference"]["better"], rows[("small", "max")]["difference"]["worse"]) == (2, 1)
     assert rows[("small", "max")]["difference"]["n"] == 3
     answers.append(_answer(0, "default", 0.0, context=1024))  # item 0 again, at another length: its own pair
     every = {(r["config"], r["against"]): r for r in suite.pairwise_rows(answers, None)}
@@ -193,13 +193,51 @@ def test_the_readme_table_has_a_column_per_context_and_a_ratio_range_where_the_c
         suite.TasksResult(run_info=RunInfo.collect(tiny_model), options=options, answers=answers)
     )
     assert (
-        "| preset | x vs fp16 | score at 512 tokens (vs full, 95% CI) | score at 1,024 tokens (vs full, 95% CI) "
-        "| every context, 4 items (vs full, 95% CI) |" in table
+        "| preset | x vs fp16 | score at 512 tokens (vs full) | score at 1,024 tokens (vs full) "
+        "| every context pooled, 4 items (vs full) |" in table
     )
     assert "| full | 1.00x | 100.0 | 50.0 | 75.0 |" in table
-    assert "| max | 4.31–4.36x | 100.0 (+0.0 (+0.0 to +0.0)) | 100.0 (+50.0 (-585.3 to +685.3)) " in table
-    assert "| 100.0 (+25.0 (-54.6 to +104.6)) |" in table  # +100 on one of the 4 items
+    assert (
+        "| max | 4.31–4.36x | 100.0, +0.0 (+0.0 to +0.0; 0 up, 0 down) | 100.0, +50.0 (+0.0 to +100.0; 1 up, 0 down) "
+        in table
+    )
+    assert "| 100.0, +25.0 (+0.0 to +75.0; 1 up, 0 down) |" in table  # +100 on one of the 4 items
+    assert "leave out" not in table  # full precision scores 10 points or more everywhere
     assert "(of 2 per context): max: 0 at 512, 1 at 1,024." in table
+
+
+def test_pooled_figures_leave_out_the_floor_and_paired_cells_count_the_items_that_rose_and_fell(tiny_model):
+    """At 2,048 tokens full precision finds 2 of 40 facts (5 points): its two losses there stay out of the pooled
+    column. At 512, 3 of 100 items differ: a bootstrap over items gives an interval of nonzero width, and the cell
+    names those 3 items; at 1,024 none differ, and the cell says so beside its zero-width interval."""
+    from polykv_agents.bench.environment import RunInfo
+
+    full = {512: set(range(20)), 1024: set(range(10)), 2048: {0, 1}}  # the items full precision gets right
+    changed = {(512, 0): 0.0, (512, 1): 0.0, (512, 30): 1.0, (2048, 0): 0.0, (2048, 1): 0.0}  # max's differences
+    items = {512: 100, 1024: 40, 2048: 40}
+    answers = [
+        _answer(i, config, changed.get((c, i) if config == "max" else None, float(i in full[c])), context=c)
+        for c, n in items.items() for i in range(n) for config in ("full", "max")
+    ]  # fmt: skip
+    assert suite.pooled_answers(answers)[1] == {2048: pytest.approx(5.0)}
+    result = suite.TasksResult(
+        run_info=RunInfo.collect(tiny_model),
+        options=TasksOptions(configs=["max"], items=40).model_dump(),
+        answers=answers,
+    )
+    table = suite.readme_table(result)
+    assert "leave out 2,048 tokens, where full precision scores under 10 points (5.0)" in table
+    assert "| 512 and 1,024 tokens pooled, 140 items (vs full) |" in table
+    cells = next(line for line in table.splitlines() if line.startswith("| max |")).split(" | ")[2:]
+    assert cells[0].startswith("19.0, -1.0 (") and cells[0].endswith("; 1 up, 2 down)")
+    assert cells[1] == "25.0, +0.0 (+0.0 to +0.0; 0 up, 0 down)"
+    assert cells[2].endswith("; 0 up, 2 down)")
+    assert cells[3].startswith("20.7, -0.7 (") and cells[3].endswith("; 1 up, 2 down) |")  # without 2,048's losses
+    low, high = (float(x) for x in cells[0].split("(")[1].split(";")[0].split(" to "))
+    assert low <= -2.0 and high >= 0.0 and high - low >= 2.0  # not a collapsed interval
+    markdown = suite.render_markdown(result)
+    assert "## Contexts pooled (512 and 1,024 tokens), all tasks" in markdown
+    assert "; 1 up, 2 down, p=1) |" in markdown  # the exact sign test of 1 against 2
 
 
 def test_a_stopped_run_continues_from_its_journal_with_the_answers_of_an_unstopped_one(
