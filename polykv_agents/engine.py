@@ -168,7 +168,7 @@ def load_model(
             :mod:`polykv_agents.model.dtype`.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``, or ``"auto"`` (CUDA, then MPS, then the CPU).
         weights: ``"native"`` (default), or weight-only ``"int8"`` / ``"int4"`` on the CPU: faster decode
-            steps, the same pools (see :mod:`polykv_agents.model.weights`; ``polykv-agents bench weights``
+            steps, the same pools (see :mod:`polykv_agents.model.weights`; ``python -m benchmarks weights``
             measures speed and perplexity).
 
     Raises:

@@ -352,7 +352,7 @@ class ChatPolyKV(BaseChatModel):
 
     weights: Weights = "native"
     """How the model stores its weights: ``native`` (its dtype), or weight-only ``int8`` / ``int4`` on the CPU,
-    which make decode steps faster (``polykv-agents bench weights``). The same pools serve every setting."""
+    which make decode steps faster (``python -m benchmarks weights``). The same pools serve every setting."""
 
     parallel_tool_calls: bool = False
     """Whether one answer may hold several tool calls; ``bind_tools(parallel_tool_calls=...)`` overrides it.

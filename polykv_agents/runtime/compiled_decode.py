@@ -25,7 +25,7 @@ why, and this decoder runs eager steps from then on (a missing compiler does not
 :meth:`CompiledDecoder.require_compiled` raises if that happened, for benchmarks that must measure compiled steps.
 Any other failure (a bug in the step, the model or dynamo) is raised to the step's rows, never hidden behind
 eager steps. In fp32 compiled and eager steps give the same greedy tokens (tested on six families); in bf16 fused
-kernels round differently (``polykv-agents bench compile`` counts the answers that stay identical).
+kernels round differently (``python -m benchmarks compile`` counts the answers that stay identical).
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ class BatchScheduler:
         pack_admissions: While rows decode, run their decode step and the admission's next chunk as one forward
             (:mod:`~polykv_agents.runtime.packed_step`); ``False``: two forwards per step. An admission that goes
             in whole (``admission_chunk_tokens=None``) keeps a forward of its own: packing it gained nothing
-            measurable (``polykv-agents bench admission``).
+            measurable (``python -m benchmarks admission``).
     """
 
     idle_seconds: float | None = SCHEDULER_IDLE_SECONDS
@@ -408,7 +408,7 @@ class BatchScheduler:
         self._cache.select(torch.tensor(keep, dtype=torch.long))
 
     def _decode_step(self) -> None:
-        # Labelled for torch.profiler (polykv-agents bench profile); the label costs about a microsecond unprofiled.
+        # Labelled for torch.profiler (python -m benchmarks profile); the label costs about a microsecond unprofiled.
         with torch.profiler.record_function(DECODE_STEP_LABEL):
             ids = torch.tensor([[r.last_token] for r in self._rows])  # [B, 1]
             logits = self.compiled.step(ids, self._cache) if self.compiled is not None else None
