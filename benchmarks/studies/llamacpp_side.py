@@ -2,17 +2,19 @@
 
     python benchmarks/studies/llamacpp_side.py REQUEST.json RESULT.json
 
-Imports only ``llama_cpp`` (llama-cpp-python, the engine behind LangChain's ``ChatLlamaCpp``) and the
-standard library: no torch, so the process's peak RSS is llama.cpp's own. It loads the same GGUF file
-the pooled engine loads and replays the exact token ids the pooled graph run read, call by call, in
-the graph's order, over ONE context, so llama.cpp's automatic prefix reuse (``Llama.generate`` keeps the
-longest common prefix of consecutive prompts) keeps the document between calls. Each call decodes
-exactly as many tokens as the pooled call did, greedily; an end-of-sequence token does not stop it.
+Imports only ``llama_cpp`` (llama-cpp-python, the engine behind LangChain's ``ChatLlamaCpp``) and the standard
+library (:mod:`side_process` is standard library too): no torch, so the process's peak RSS is llama.cpp's own.
+It loads the same GGUF file the pooled engine loads and replays the exact token ids the pooled graph run read,
+call by call, in the graph's order, over ONE context, so llama.cpp's automatic prefix reuse
+(``Llama.generate`` keeps the longest common prefix of consecutive prompts) keeps the document between calls.
+Each call decodes exactly as many tokens as the pooled call did, greedily; an end-of-sequence token does not
+stop it.
 
-Request: ``{"model_path", "n_ctx", "threads", "flash_attn", "reset_every_call", "review": [{"node",
-"input_ids", "output_tokens"}], "probe": {"document_ids", "prompt_ids", "other_prompt_ids",
-"decode_tokens"}}``. Result: the review's wall and per-stage time, and the probe's figures (see
-:func:`probe`).
+Request: ``{"model_path", "n_ctx", "threads", "flash_attn", "reset_every_call", "reviews": [[{"node",
+"input_ids", "output_tokens"}]], "probes": [{"document_ids", "prompt_ids", "other_prompt_ids",
+"decode_tokens"}]}``: one review and one probe per document. Result: ``{"load_s", "reviews", "probes",
+"rss_after_load_bytes", "rss_peak_bytes"}``, the review's wall and per-stage time and the probe's figures
+(see :func:`probe`) per document.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.studies.side_process import peak_rss_bytes, rss_bytes
 
 GREEDY = {"temp": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0}
 
@@ -87,16 +91,6 @@ def probe(llm, request: dict) -> dict:
     }
 
 
-def peak_rss_bytes() -> int:
-    """This process's peak RSS since it started (``VmHWM``: unlike ``ru_maxrss``, it does not carry over the
-    parent's peak across ``fork`` and ``exec``)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    msg = "no VmHWM in /proc/self/status: peak RSS is measured on Linux only"
-    raise RuntimeError(msg)
-
-
 def main(request_path: str, result_path: str) -> None:
     from llama_cpp import Llama
 
@@ -112,14 +106,16 @@ def main(request_path: str, result_path: str) -> None:
         verbose=False,
     )
     load_s = time.perf_counter() - started
-    result = {"load_s": load_s}
-    if request.get("review"):
-        decode(llm, request["review"][0]["input_ids"][:64], 2)  # warm-up: first passes and allocations
-        llm.reset()
-        result["review"] = replay_review(llm, request["review"], request["reset_every_call"])
-    if request.get("probe"):
-        probe(llm, request["probe"])  # warm-up
-        result["probe"] = probe(llm, request["probe"])
+    result = {"load_s": load_s, "rss_after_load_bytes": rss_bytes(), "reviews": [], "probes": []}
+    reviews, probes = request.get("reviews", []), request.get("probes", [])
+    if reviews:
+        decode(llm, reviews[0][0]["input_ids"][:64], 2)  # warm-up: first passes and allocations
+    for review in reviews:
+        llm.reset()  # each document's review starts from an empty context, as ours starts from no pool
+        result["reviews"].append(replay_review(llm, review, request["reset_every_call"]))
+    if probes:
+        probe(llm, probes[0])  # warm-up
+    result["probes"] = [probe(llm, ids) for ids in probes]
     result["rss_peak_bytes"] = peak_rss_bytes()
     Path(result_path).write_text(json.dumps(result))
 

@@ -10,6 +10,7 @@ llama-server's many-agent decode figure says how many document prefills it inclu
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,15 +29,21 @@ GGUF_TENSOR_TYPES = {
 tensor's ``tensor_type``; file type 3, mostly Q4_1) (a documented registry: one entry per file a run used)."""
 
 
-def formats_note(model_file: str, dtype: str) -> str:
-    """Which weights each side computes with: both read ``model_file``, but not in the same format."""
+def formats_note(model_file: str, dtype: str, f16: bool = False) -> str:
+    """Which weights each side computes with: both read ``model_file``'s weights, not always in the same format."""
     stored = GGUF_TENSOR_TYPES.get(model_file, "the types it stores")
+    f16_text = (
+        " The llama.cpp (F16) rows read an F16 file of the same values (`llama-quantize --allow-requantize "
+        f"{model_file} OUT.gguf F16`, from the same llama.cpp sources): the weights ours computes with, up to "
+        "rounding."
+        if f16
+        else " llama.cpp rows in F16 need a run with `--gguf-f16`."
+    )
     return (
-        f"Same file, not the same format: both sides read `{model_file}`. llama.cpp computes with its weights as "
-        f"stored ({stored}). Ours de-quantises them once (transformers' GGUF loader) and computes in {dtype} (the "
-        "rows without a weights setting), or re-quantises those values to int8, one scale per output channel, or "
-        "int4 in groups of 32 with the output head in int8 (the int8 and int4 rows). llama.cpp rows in F16 need "
-        "a re-run."
+        f"Same weights, not always the same format: both sides read `{model_file}`. llama.cpp (Q4_1) computes with "
+        f"its weights as stored ({stored}). Ours de-quantises them once (transformers' GGUF loader) and computes in "
+        f"{dtype} (the rows without a weights setting), or re-quantises those values to int8, one scale per output "
+        "channel, or int4 in groups of 32 with the output head in int8 (the int8 and int4 rows)." + f16_text
     )
 
 
@@ -53,11 +60,11 @@ def compression_method(method: str) -> str:
 
 
 def document_prefills(row: dict, agents: int) -> int:
-    """How many document prefills llama-server's ``agents``-agent decode figure includes: one slot holds the
-    document before the timed completions (``aggregate_decode``), and every other slot that takes one of them
-    prefills it again, since slots do not share a prefix; 0 for any other method."""
-    match = re.match(r"llama-server, (\d+) slot", row["method"])
-    if match is None or row.get("decode_tok_s_15") is None:
+    """How many document prefills llama-server's ``agents``-agent decode figure includes: none where every slot
+    was given the document first (``slots_warmed``); in runs before that, one slot held the document before the
+    timed completions and every other slot that took one of them prefilled it again; 0 for any other method."""
+    match = re.match(r"llama-server.*?, (\d+) slot", row["method"])
+    if match is None or row.get("decode_tok_s_15") is None or row.get("slots_warmed"):
         return 0
     return min(int(match[1]), agents) - 1
 
@@ -70,13 +77,26 @@ def decode_15_text(row: dict, agents: int) -> str:
     return f"{row['decode_tok_s_15']:.1f}" + (f" (incl. {prefills} document prefills)" if prefills else "")
 
 
-def llama_server_decode_note(agents: int) -> str:
+def llama_server_decode_note(agents: int, rows: Sequence[dict] = ()) -> str:
     """What llama-server's many-agent decode figure times, per slot setting."""
+    if rows and all(r.get("slots_warmed") for r in rows):
+        evaluated = "; ".join(
+            f"{r['method'].split(', ')[1]} at {r['context_tokens']:,} tokens: "
+            f"{statistics.median(r['aggregate_prompt_tokens_evaluated']):,.0f}"
+            for r in rows
+        )
+        return (
+            f"llama-server's {agents}-agent decode figure: every slot is given the document first ({agents} "
+            f"one-token requests of it at once), then the {agents} completions are timed at once, each evaluating "
+            f"only its own question, as ours admits only the questions; with 1 slot they queue over the one context. "
+            f"Prompt tokens the server evaluated for the {agents} timed completions (median over documents): "
+            f"{evaluated}."
+        )
     return (
         f"llama-server's {agents}-agent decode figure puts the document into one slot, then times the {agents} "
         f"completions at once: with {agents} slots it includes {agents - 1} prefills of the document (its slots "
         "do not share the prefix), so it is not a decode speed; with 1 slot the completions queue over the one "
-        "context that keeps the document, and each evaluates only its own prompt."
+        "context that keeps the document, and each evaluates only its own question."
     )
 
 
@@ -105,46 +125,77 @@ def _mib(key: str):
     return lambda r: "—" if r.get(key) is None else f"{r[key] / MIB:,.0f}"
 
 
-def _our_setting(row: dict) -> str:
-    """What is not the default in one of our rows: ``"int8 weights"``, ``"int8 weights, compiled decode"``, ``""``."""
-    parts = [] if row.get("weights", "native") == "native" else [f"{row['weights']} weights"]
-    return ", ".join(parts + (["compiled decode"] if row.get("compiled_decode") else []))
+OUR_FIXED_METHOD = "polykv_agents (one pool)"
+"""The row of ours that the winners table compares, fixed before measuring: the defaults a user gets (native
+weights, eager decode), for every measure; other settings are in the full table, never picked after the fact."""
+
+TIE_FRACTION = 0.05
+"""A figure measured once per process (peak RSS, KV bytes) is a tie when the two are within 5% of each other."""
+
+WINNER_MEASURES = (
+    ("review wall", "review_wall_s", True),
+    ("TTFT from scratch", "ttft_scratch_s", True),
+    ("TTFT cold", "ttft_cold_s", True),
+    ("TTFT warm", "ttft_warm_s", True),
+    ("single-stream decode tok/s", "decode_tok_s", False),
+    ("15-agent decode tok/s", "decode_tok_s_15", False),
+    ("prefill tok/s", "prefill_tok_s", False),
+    ("peak RSS", "rss_peak_bytes", True),
+    ("KV bytes resident for the document", "kv_bytes_resident", True),
+)
+"""(label, key, lower is better) of each measure the winners table compares."""
+
+
+def _advantage(ours: dict, peer: dict, key: str, lower_is_better: bool) -> tuple[float, float, float, int]:
+    """How many times better ours is than ``peer`` on ``key`` (below 1: the peer is better): the mean of the
+    per-document ratios with its 95% t-interval where both measured the same documents, else the one ratio
+    with the interval of the tie band. ``(mean, low, high, documents)``."""
+    from polykv_agents.bench.stats import mean_interval
+
+    def ratio(mine: float, theirs: float) -> float:
+        return theirs / mine if lower_is_better else mine / theirs
+
+    mine, theirs = ours.get("samples", {}).get(key), peer.get("samples", {}).get(key)
+    if mine and theirs and len(mine) == len(theirs) > 1:
+        interval = mean_interval([ratio(a, b) for a, b in zip(mine, theirs, strict=True)])
+        return interval.mean, interval.low, interval.high, interval.n
+    single = ratio(ours[key], peer[key])
+    return single, single * (1 - TIE_FRACTION), single * (1 + TIE_FRACTION), 1
+
+
+def winner_text(peer_method: str, advantage: tuple[float, float, float, int]) -> str:
+    """``"polykv_agents, 1.62x [1.41, 1.83]"``, ``"**llama.cpp**, 2.10x [...]"`` or ``"tie (1.02x [0.95, 1.09])"``:
+    a tie where the interval holds 1."""
+    mean, low, high, documents = advantage
+    band = f" [{low:.2f}, {high:.2f}]" if documents > 1 else ""
+    if low <= 1.0 <= high:
+        return f"tie ({mean:.2f}x{band})"
+    if mean > 1.0:
+        return f"polykv_agents, {mean:.2f}x{band}"
+    inverse = f" [{1 / high:.2f}, {1 / low:.2f}]" if documents > 1 else ""
+    return f"**{peer_method}**, {1 / mean:.2f}x{inverse}"
 
 
 def winners_lines(rows: list[dict]) -> list[str]:
-    """Per context and measure: our best figure (with the settings that gave it, when not the defaults), the best
-    peer's, and who wins (the table says so where a peer does)."""
-    measures = (
-        ("review wall", "review_wall_s", min),
-        ("TTFT from scratch", "ttft_scratch_s", min),
-        ("TTFT cold", "ttft_cold_s", min),
-        ("TTFT warm", "ttft_warm_s", min),
-        ("single-stream decode tok/s", "decode_tok_s", max),
-        ("15-agent decode tok/s", "decode_tok_s_15", max),
-        ("prefill tok/s", "prefill_tok_s", max),
-        ("peak RSS", "rss_peak_bytes", min),
-        ("KV bytes resident for the document", "kv_bytes_resident", min),
-    )
-    lines = ["| context | measure | polykv_agents | best peer | winner |", "|---:|---|---:|---|---|"]
+    """Per context and measure: our fixed row's figure (:data:`OUR_FIXED_METHOD`), the best peer's (by median),
+    and who wins, by how much, with the 95% interval over the documents; a tie is called a tie."""
+    lines = ["| context | measure | polykv_agents (defaults) | best peer | winner |", "|---:|---|---:|---|---|"]
     for context in sorted({r["context_tokens"] for r in rows}):
-        mine = [r for r in rows if r["context_tokens"] == context and r["method"].startswith("polykv")]
+        ours = next((r for r in rows if r["context_tokens"] == context and r["method"] == OUR_FIXED_METHOD), None)
         peers = [r for r in rows if r["context_tokens"] == context and not r["method"].startswith("polykv")]
-        for label, key, best in measures:
+        if ours is None:
+            continue
+        for label, key, lower_is_better in WINNER_MEASURES:
             measured = [p for p in peers if p.get(key) is not None]
-            candidates = [r for r in mine if r.get(key) is not None]
-            if not candidates or not measured:
+            if ours.get(key) is None or not measured:
                 continue
-            ours = best(candidates, key=lambda r, key=key: r[key])
-            peer = best(measured, key=lambda p, key=key: p[key])
-            setting = _our_setting(ours)
-            show = (
-                measure_text(key, ours[key]) + (f" ({setting})" if setting else ""),
-                measure_text(key, peer[key]),
+            pick = min if lower_is_better else max
+            peer = pick(measured, key=lambda p, key=key: p[key])
+            verdict = winner_text(peer["method"], _advantage(ours, peer, key, lower_is_better))
+            lines.append(
+                f"| {context} | {label} | {measure_text(key, ours[key])} | {measure_text(key, peer[key])} "
+                f"({peer['method']}) | {verdict} |"
             )
-            we_win = best(ours[key], peer[key]) == ours[key]
-            ratio = max(ours[key], peer[key]) / min(ours[key], peer[key])
-            winner = f"polykv_agents, {ratio:.1f}x" if we_win else f"**{peer['method']}**, {ratio:.1f}x"
-            lines.append(f"| {context} | {label} | {show[0]} | {show[1]} ({peer['method']}) | {winner} |")
     return lines
 
 
@@ -184,6 +235,32 @@ def review_stages(rows: Sequence[dict]):
     return figure
 
 
+def rss_note(settings: dict) -> str:
+    """How the run took each method's peak RSS."""
+    if "documents" in settings:  # runs since every method has a process of its own
+        return (
+            "Peak RSS: every method in a fresh process of its own, one per method and context (`VmHWM`, the model's "
+            "load included; llama-server's is its server process's)."
+        )
+    return (
+        "Peak RSS: llama.cpp in a fresh process of its own; ours sampled around our own runs (the model's weights "
+        "included; a run with several weights settings holds a copy of the model for each, and every one of them "
+        "counts in every row of ours)."
+    )
+
+
+def winners_caption(settings: dict) -> str:
+    """What the winners table compares, and over how many documents."""
+    if "documents" not in settings:
+        return "(runs before the fixed setting and the document intervals: single samples)"
+    return (
+        f"(ours: `{settings['our_fixed_method']}`, the defaults, fixed before measuring; each peer's best row by "
+        f"median; the advantage is the mean of per-document ratios over {settings['documents']} documents with its "
+        f"95% t-interval, a tie where it holds 1; peak RSS and KV bytes are one figure per process, a tie within "
+        f"{TIE_FRACTION:.0%})"
+    )
+
+
 def write_peers(result: SuiteResult, out_dir: Path) -> list[Path]:
     agents = result.settings.get("roles", 15)
     columns = [
@@ -215,15 +292,14 @@ def write_peers(result: SuiteResult, out_dir: Path) -> list[Path]:
         "which decodes the prefix; llama.cpp: its saved state of the document loaded into an empty context); "
         "warm: the document resident, only the prompt is new. llama.cpp's KV is the size of its saved state "
         "with the document in it (f16 KV); ours is the pool, and, while decoding, the pool plus its decoded "
-        "prefix. Peak RSS: llama.cpp in a fresh process of its own; ours sampled around our own runs (the "
-        "model's weights included; a run with several weights settings holds a copy of the model for each, and "
-        "every one of them counts in every row of ours).",
-        *([formats_note(result.settings["model_file"], result.info.dtype)] if "model_file" in result.settings else []),
-        "Where each side stands:\n\n" + "\n".join(winners_lines(engines)),
-    ]
+        "prefix. " + rss_note(result.settings),
+        *([formats_note(result.settings["model_file"], result.info.dtype, result.settings.get("gguf_f16", False))]
+          if "model_file" in result.settings else []),
+        "Where each side stands " + winners_caption(result.settings) + ":\n\n" + "\n".join(winners_lines(engines)),
+    ]  # fmt: skip
     if server:
         notes.append(
-            llama_server_decode_note(agents)
+            llama_server_decode_note(agents, [r for r in engines if r["method"].startswith("llama-server")])
             + " Its prompt cache in the review: "
             + "; ".join(
                 f"{r['method'].split(', ')[1]} at {r['context_tokens']} tokens evaluated "

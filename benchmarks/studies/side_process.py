@@ -60,3 +60,23 @@ def run_side(
         if done.returncode != 0:
             raise SideProcessError(what, done.returncode, done.stderr)
         return json.loads(result_path.read_text())
+
+
+def _status_kib(field: str, pid: int | None = None) -> int:
+    for line in Path(f"/proc/{pid or 'self'}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    msg = f"no {field} in /proc/self/status: process memory is measured on Linux only"
+    raise RuntimeError(msg)
+
+
+def peak_rss_bytes(pid: int | None = None) -> int:
+    """The peak RSS of process ``pid`` (this one by default) since it started (``VmHWM``: unlike
+    ``ru_maxrss``, it does not carry over the parent's peak across ``fork`` and ``exec``). Standard library
+    only: llama.cpp's side imports no torch."""
+    return _status_kib("VmHWM", pid) * 1024
+
+
+def rss_bytes(pid: int | None = None) -> int:
+    """The resident set of process ``pid`` (this one by default) now (``VmRSS``)."""
+    return _status_kib("VmRSS", pid) * 1024
