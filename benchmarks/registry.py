@@ -26,13 +26,13 @@ from benchmarks.studies import (
     step_profile,
     weights,
 )
-from polykv_agents.bench import agents, memory, quality, speed, tasks
+from polykv_agents.bench import agents, memory, quality, serve, speed, tasks
 from polykv_agents.bench.registry import SUITES as PACKAGE_SUITES
 from polykv_agents.bench.suite import Suite
 
 _MODULES = (
     memory, quality, tasks, speed, dtypes, weights, compiled, step_profile, admission, reuse, blocks, ablation,
-    frontier, peer, agents, graph_e2e, peers, load_soak, grammar_overhead, ray_scale_out,
+    frontier, peer, agents, graph_e2e, peers, serve, load_soak, grammar_overhead, ray_scale_out,
 )  # fmt: skip
 SUITES: dict[str, Suite] = {module.SUITE.name: module.SUITE for module in _MODULES}
 """Suite name -> suite (a documented registry: filled once, here, never changed at run time)."""

@@ -57,6 +57,7 @@ SUITE_SOURCES: dict[str, tuple[str, ...]] = {
         "benchmarks/studies/side_process.py",
         "benchmarks/studies/graph_e2e.py",
     ),
+    "serve": (*_GRAPH, "polykv_agents/bench/serve*.py"),
     "load_soak": (*_GRAPH, "benchmarks/studies/load*.py", "benchmarks/studies/soak.py"),
     "grammar_overhead": (*_GRAPH, "benchmarks/studies/grammar_overhead.py"),
     "ray_scale_out": (*_GRAPH, "polykv_agents/distributed/**", "benchmarks/studies/ray_scale_out.py"),

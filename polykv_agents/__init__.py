@@ -21,6 +21,7 @@ from polykv_agents.model.device import DeviceNotAvailableError
 from polykv_agents.model.fingerprint import ModelFingerprint
 from polykv_agents.model.loading import DEFAULT_MODEL, ModelNotFoundError
 from polykv_agents.pool import MemoryReport, PoolHandle, PoolHandleState, PoolStore, SharedKVPool, compose_pools
+from polykv_agents.runtime.call_limit import EngineBusyError
 from polykv_agents.sampling.settings import GenerationSettings
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "CompressionConfig",
     "DeviceNotAvailableError",
     "Engine",
+    "EngineBusyError",
     "GenerationSettings",
     "LayerCodecs",
     "MemoryReport",

@@ -35,6 +35,7 @@ from polykv_agents.model.weights import Weights
 from polykv_agents.pool.registry import DEFAULT_MAX_BYTES, PoolRegistry
 from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.runtime.backend import Backend, BatchedBackend, PrivateBackend, Runtime, check_runtime
+from polykv_agents.runtime.call_limit import DEFAULT_MAX_CALLS, DEFAULT_WAIT_SECONDS
 from polykv_agents.runtime.scheduler import SCHEDULER_IDLE_SECONDS
 from polykv_agents.runtime.scheduler_table import DEFAULT_PREFIX_BYTES, SchedulerTable
 
@@ -66,6 +67,10 @@ class Engine:
         max_block_bytes: Byte budget of the text finished calls leave for calls with ``reuse="blocks"``, which read
             it at other positions (:mod:`~polykv_agents.runtime.block_store`); ``0`` (the default): none kept, and
             such calls are refused. An opt-in: moved keys and values are an approximation.
+        max_calls: Calls served at once over all pools and models, decoding or waiting for a row (``None``: no
+            limit): the engine's backpressure. A call beyond it waits up to ``call_wait_seconds`` for one to end,
+            then is refused with :class:`~polykv_agents.runtime.call_limit.EngineBusyError`, never run out of memory.
+        call_wait_seconds: How long a call beyond ``max_calls`` waits for a place.
     """
 
     def __init__(
@@ -76,6 +81,8 @@ class Engine:
         compile_decode: bool | str | Callable = False,
         max_prefix_bytes: int = DEFAULT_PREFIX_BYTES,
         max_block_bytes: int = 0,
+        max_calls: int | None = DEFAULT_MAX_CALLS,
+        call_wait_seconds: float = DEFAULT_WAIT_SECONDS,
     ) -> None:
         self.models = ModelCache()
         self.pools = PoolRegistry(max_bytes=max_pool_bytes)
@@ -84,6 +91,8 @@ class Engine:
             compile_decode=compile_decode,
             max_prefix_bytes=max_prefix_bytes,
             max_block_bytes=max_block_bytes,
+            max_calls=max_calls,
+            call_wait_seconds=call_wait_seconds,
         )
         self._backends: dict[str, Backend] = {
             "decompressed": BatchedBackend(self.schedulers, "decompressed"),

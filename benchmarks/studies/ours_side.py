@@ -120,6 +120,8 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
     for index, text in enumerate(request["texts"]):
         document = _document(tokenizer, text, request["context"], index)
         run, calls = run_graph(graph, engine, document, roles)
+        if compiled:  # now, while the review's scheduler is live (an idle one retires during the probe)
+            engine.schedulers.require_compiled()
         result["reviews"].append(
             {"wall_s": run.wall_s, "stage_s": run.stage_s, "calls": len(calls),
              "output_tokens": sum(c.output_tokens for c in calls)}
@@ -130,8 +132,6 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
         figures, ids = probe(model, tokenizer, document, request["max_tokens"], compiled)
         result["probes"].append(figures)
         result["probe_ids"].append(ids)
-    if compiled:
-        engine.schedulers.require_compiled()
     engine.close()
     result.update(warm_up_s=warm_up_s, rss_after_load_bytes=rss_after_load, rss_peak_bytes=peak_rss_bytes())
     return result

@@ -30,6 +30,9 @@ class PolyKVContext(BaseModel):
 
     model: str | None = Field(default=None, description="Model id or path (default: the graph's chat model's).")
     max_tokens: int | None = Field(default=None, ge=1, description="Tokens per answer.")
+    ignore_eos: bool | None = Field(
+        default=None, description="Decode exactly max_tokens per answer, past end-of-sequence (equal work)."
+    )
     runtime: Runtime | None = Field(
         default=None, description="decompressed (fast), compressed (smallest) or private (one copy per call)."
     )
@@ -48,7 +51,7 @@ class PolyKVContext(BaseModel):
 
     def chat_settings(self) -> dict[str, Any]:
         """The chat model fields this context sets (the ones not left at ``None``)."""
-        fields = ("model", "max_tokens", "runtime", "weights")
+        fields = ("model", "max_tokens", "ignore_eos", "runtime", "weights")
         return {name: getattr(self, name) for name in fields if getattr(self, name) is not None}
 
     def apply_to_chat(self, chat: ChatPolyKV) -> ChatPolyKV:

@@ -85,6 +85,27 @@ class PackedCascade:
         return torch.cat(kept)
 
 
+@dataclass(frozen=True)
+class StepPart:
+    """One group's inputs to a packed forward: ``ids [rows, width]`` over ``cache``, with its cascade ``context``
+    (read before the forward). The running rows of a pool are a part of width 1; an admission's chunk is one of
+    width ``c``; parts of different pools each carry their own prefix in their context."""
+
+    ids: torch.Tensor
+    cache: SuffixCache
+    context: CascadeContext
+
+
+def pack_parts(parts: list[StepPart]) -> tuple[PackedCascade, torch.Tensor, torch.Tensor]:
+    """One packed forward over ``parts``, in their order. Returns the packed cascade (the model's ``cascade``, its
+    :attr:`~PackedCascade.cache` the model's cache) and the flat ``input_ids`` and ``position_ids``
+    ``[1, sum of rows * width]``; left padding gets clamped positions."""
+    groups = [PackedGroup(part.ids.shape[0], part.ids.shape[1], part.cache, part.context) for part in parts]
+    ids = torch.cat([part.ids.reshape(-1) for part in parts])
+    positions = torch.cat([p.context.query_positions(p.ids.shape[1]).clamp(min=0).reshape(-1) for p in parts])
+    return PackedCascade(groups), ids.view(1, -1), positions.view(1, -1)
+
+
 def pack_decode_and_chunk(
     last_tokens: torch.Tensor,
     running: SuffixCache,
@@ -93,16 +114,11 @@ def pack_decode_and_chunk(
     admitted: SuffixCache,
     admitted_context: CascadeContext,
 ) -> tuple[PackedCascade, torch.Tensor, torch.Tensor]:
-    """One packed step: the running rows' ``last_tokens [B]`` over ``running`` and an admission's ``chunk [A, c]``
-    over ``admitted``, each group with its cascade context (read before the forward). Returns the packed cascade
-    (the model's ``cascade``, its :attr:`~PackedCascade.cache` the model's cache) and the flat ``input_ids`` and
-    ``position_ids`` ``[1, B + A*c]``."""
-    decode = PackedGroup(last_tokens.numel(), 1, running, running_context)
-    admission = PackedGroup(chunk.shape[0], chunk.shape[1], admitted, admitted_context)
-    ids = torch.cat([last_tokens, chunk.reshape(-1)])  # [B + A*c]
-    chunk_positions = admitted_context.query_positions(admission.width).clamp(min=0)  # [A, c]; left padding: clamped
-    positions = torch.cat([running_context.query_positions(1).view(-1), chunk_positions.view(-1)])  # [B + A*c]
-    return PackedCascade([decode, admission]), ids.view(1, -1), positions.view(1, -1)
+    """One pool's packed step: the running rows' ``last_tokens [B]`` over ``running`` and an admission's ``chunk
+    [A, c]`` over ``admitted`` (:func:`pack_parts` of the two)."""
+    return pack_parts(
+        [StepPart(last_tokens.view(-1, 1), running, running_context), StepPart(chunk, admitted, admitted_context)]
+    )
 
 
 class _PackedLayer(CacheLayerMixin):

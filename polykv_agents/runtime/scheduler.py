@@ -48,7 +48,8 @@ from polykv_agents.runtime.admission import ADMISSION_CHUNK_TOKENS, Admission, t
 from polykv_agents.runtime.block_store import BlockStore
 from polykv_agents.runtime.cascade_attention import CascadeContext, enable_cascade_attention
 from polykv_agents.runtime.compiled_decode import BATCH_BUCKETS, CompiledDecoder
-from polykv_agents.runtime.packed_step import pack_decode_and_chunk
+from polykv_agents.runtime.model_steps import ModelSteps, SharedPart
+from polykv_agents.runtime.packed_step import PackedCascade, StepPart, pack_decode_and_chunk
 from polykv_agents.runtime.prefix_tree import PrefixTrees
 from polykv_agents.runtime.request import DecodeRequest
 from polykv_agents.runtime.reuse import CallReuse
@@ -105,6 +106,10 @@ class BatchScheduler:
             (:mod:`~polykv_agents.runtime.packed_step`); ``False``: two forwards per step. An admission that goes
             in whole (``admission_chunk_tokens=None``) keeps a forward of its own: packing it gained nothing
             measurable (``python -m benchmarks admission``).
+        steps: Where this scheduler's steps run, shared with the other schedulers (pools) of the same model, so
+            that one forward serves them all (:class:`~polykv_agents.runtime.model_steps.ModelSteps`; a
+            :class:`~polykv_agents.runtime.scheduler_table.SchedulerTable` gives one per model). ``None``: steps
+            of its own.
     """
 
     idle_seconds: float | None = SCHEDULER_IDLE_SECONDS
@@ -125,6 +130,7 @@ class BatchScheduler:
         prefixes: PrefixTrees | None = None,
         pack_admissions: bool = True,
         blocks: BlockStore | None = None,
+        steps: ModelSteps | None = None,
     ) -> None:
         if admission_chunk_tokens is not None and admission_chunk_tokens < 1:
             msg = f"admission_chunk_tokens must be at least 1 or None, got {admission_chunk_tokens}"
@@ -153,6 +159,8 @@ class BatchScheduler:
         self._on_idle = on_idle
         self.peak_batch_size = 0
         self.peak_suffix_nbytes = 0
+        self._steps = steps if steps is not None else ModelSteps()
+        self._steps.join(self)
         self._thread = threading.Thread(target=self._run, name="polykv-scheduler", daemon=True)
         self._thread.start()
 
@@ -237,16 +245,30 @@ class BatchScheduler:
         """Whether rows are decoding or an admission is under way."""
         return bool(self._rows) or self._admission is not None
 
+    @property
+    def busy(self) -> bool:
+        """Whether it has work for a step: rows decoding, an admission under way or requests waiting (its worker
+        comes for a step at once)."""
+        return self._busy() or not self._inbox.empty()
+
     def _run(self) -> None:
-        while self._wait_for_work():
-            # The tensor work of a step runs on the process's one compute thread (see
-            # polykv_agents.model.compute_thread); this thread only waits for work and hands it over.
-            run_on_compute_thread(self._step)
+        try:
+            while self._wait_for_work():
+                # The tensor work of a step runs on the process's one compute thread (see
+                # polykv_agents.model.compute_thread), in one forward with the model's other pools' steps
+                # (ModelSteps); this thread only waits for work and hands it over.
+                self._steps.step(self)
+        finally:
+            self._steps.leave(self)
         admitting = self._admission.requests if self._admission is not None else []
         for request in [*self._rows, *admitting]:
             request.finish("stop")
         while not self._inbox.empty():
             self._inbox.get_nowait().finish("stop")
+
+    def run_step(self) -> None:
+        """This pool's step alone, on the compute thread (:class:`~.model_steps.ModelSteps` calls it)."""
+        self._step()
 
     def _step(self) -> None:
         """Admit waiting requests, then one decode step for every running row: one forward for both when an
@@ -264,10 +286,77 @@ class BatchScheduler:
                     self._decode_step()
             self._drop_finished()
         except Exception as e:  # a failed forward must not hang the callers
-            logger.exception("batched decode step failed")
-            for request in self._rows:
-                request.out.put(e)
-            self._rows, self._cache = [], SuffixCache(self._num_layers, 0)
+            self._fail_rows(e)
+
+    def _fail_rows(self, error: BaseException) -> None:
+        """End every running row with ``error`` (raised to its consumer) after a failed step."""
+        logger.error("batched decode step failed", exc_info=error)
+        for request in self._rows:
+            request.out.put(error)
+        self._rows, self._cache = [], SuffixCache(self._num_layers, 0)
+
+    # ---------------------------------------------------------------- a step shared with other pools
+
+    @property
+    def running_rows(self) -> int:
+        """Rows decoding now."""
+        return len(self._rows)
+
+    @property
+    def has_admission_work(self) -> bool:
+        """Whether an admission is under way or requests wait for one."""
+        return self._admission is not None or not self._inbox.empty()
+
+    def shared_part(self, others_decoding: bool, admitting_pools: int) -> SharedPart | None:
+        """This pool's work in a step other pools share: its running rows (one token each) and its admission's next
+        chunk, as packed parts; ``None`` when it has none. Nothing is committed before :meth:`finish_shared_part`.
+        ``others_decoding``: whether any pool of the step has running rows (then an admission goes in chunks);
+        ``admitting_pools``: how many pools of the step admit, who share the chunk budget."""
+        try:
+            self._drop_finished()
+            if self._admission is None:
+                self._admission = self._start_admission()
+        except Exception as e:  # as in a step of its own: its rows end with the error, the other pools go on
+            self._fail_rows(e)
+            return None
+        parts, columns = [], 0
+        if self._rows:
+            last = torch.tensor([[r.last_token] for r in self._rows])  # [B, 1]
+            parts.append(StepPart(last, self._cache, self._context(self._cache)))
+        admission = self._admission
+        if admission is not None:
+            budget = self.admission_chunk_tokens
+            if budget is not None:
+                budget = max(1, budget // max(1, admitting_pools))
+            columns = admission.next_columns(bool(self._rows) or others_decoding, budget)
+            parts.append(StepPart(admission.chunk(columns), admission.rows, self._context(admission.rows)))
+        return SharedPart(self, parts, len(self._rows), columns) if parts else None
+
+    def packed_logits(self, ids, positions, packed: PackedCascade, keep: torch.Tensor) -> torch.Tensor:
+        """Logits ``[kept, vocab]`` of a packed forward (any pools' parts; the model is this scheduler's)."""
+        return self._model_logits(ids, positions, packed.cache, packed, keep.to(self.model.device))[0]
+
+    def finish_shared_part(self, part: SharedPart, logits: torch.Tensor) -> None:
+        """Commit this pool's part of a shared step and sample: ``logits [rows, vocab]``, each running row's next
+        token, then each admitted row's last token of the chunk."""
+        try:
+            nbytes = 0
+            if part.running:
+                self._cache.advance(1)
+                nbytes += self._cache.nbytes
+                for row, request in enumerate(self._rows):
+                    self._emit(request, logits[row])
+            if part.columns:
+                admission = self._admission
+                admission.rows.advance(part.columns)
+                admission.done += part.columns
+                nbytes += admission.rows.nbytes
+                if admission.complete:
+                    self._finish_admission(logits[part.running :])
+            self.peak_suffix_nbytes = max(self.peak_suffix_nbytes, nbytes)
+            self._drop_finished()
+        except Exception as e:
+            self._fail_rows(e)
 
     def _emit(self, request: ScheduledRequest, logits: torch.Tensor) -> None:
         """Sample one token for ``request`` and deliver it, or finish the request."""

@@ -1,7 +1,9 @@
 """A :class:`SchedulerTable`: the live batch schedulers of one engine, one per (model, pool, residency).
 
 Every call over the same pool on the same model must reach the same scheduler to be batched with the
-others; the table finds (or starts) it. A scheduler idle for ``idle_seconds`` retires and leaves the
+others; the table finds (or starts) it. The schedulers of one model share their steps (one
+:class:`~polykv_agents.runtime.model_steps.ModelSteps` per model): calls over different pools go through the
+model in one forward too. A scheduler idle for ``idle_seconds`` retires and leaves the
 table; the next call starts a fresh one.
 
 Lock order: the table's lock, then a scheduler's own condition (submit and retirement both follow it),
@@ -20,6 +22,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.runtime.block_store import BlockStore
+from polykv_agents.runtime.call_limit import DEFAULT_MAX_CALLS, DEFAULT_WAIT_SECONDS, CallLimit
+from polykv_agents.runtime.model_steps import ModelSteps
 from polykv_agents.runtime.prefix_tree import PrefixTrees
 from polykv_agents.runtime.request import DecodeRequest
 from polykv_agents.runtime.scheduler import SCHEDULER_IDLE_SECONDS, BatchScheduler
@@ -46,6 +50,10 @@ class SchedulerTable:
             reuse. They outlive a retired scheduler: a follow-up turn an hour later still finds its conversation.
         max_block_bytes: Budget of the blocks finished calls leave for ``reuse="blocks"`` calls (:attr:`blocks`);
             ``0`` (the default): none kept, and such calls are refused.
+        max_calls: Calls served at once over all pools, decoding or waiting for a row (``None``: no limit); a call
+            beyond it waits up to ``call_wait_seconds`` for one to end, then is refused
+            (:class:`~polykv_agents.runtime.call_limit.EngineBusyError`).
+        call_wait_seconds: How long such a call waits.
     """
 
     def __init__(
@@ -55,8 +63,12 @@ class SchedulerTable:
         compile_decode: bool | str | Callable = False,
         max_prefix_bytes: int = DEFAULT_PREFIX_BYTES,
         max_block_bytes: int = 0,
+        max_calls: int | None = DEFAULT_MAX_CALLS,
+        call_wait_seconds: float = DEFAULT_WAIT_SECONDS,
     ) -> None:
         self.idle_seconds = idle_seconds
+        self.calls = CallLimit(max_calls, call_wait_seconds)
+        """The engine's limit on calls at once (backpressure)."""
         self.compile_decode = compile_decode
         self.prefixes = PrefixTrees(max_prefix_bytes)
         """What finished calls ran through the model, per (model, pool), for later calls to reuse."""
@@ -67,6 +79,8 @@ class SchedulerTable:
         self._schedulers: weakref.WeakKeyDictionary[PreTrainedModel, dict[tuple[str, str], BatchScheduler]] = (
             weakref.WeakKeyDictionary()
         )
+        # model -> the steps its schedulers share (one forward for all of its pools)
+        self._steps: weakref.WeakKeyDictionary[PreTrainedModel, ModelSteps] = weakref.WeakKeyDictionary()
         _TABLES.add(self)
 
     def __len__(self) -> int:
@@ -100,6 +114,11 @@ class SchedulerTable:
                 raise RuntimeError(msg)
             scheduler.compiled.require_compiled()
 
+    def steps_for(self, model: PreTrainedModel) -> ModelSteps:
+        """The steps ``model``'s schedulers share (tests and benchmarks read its counters)."""
+        with self._lock:
+            return self._steps.setdefault(model, ModelSteps())
+
     def scheduler_for(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pool: SharedKVPool, residency: Residency
     ) -> BatchScheduler:
@@ -112,9 +131,15 @@ class SchedulerTable:
         assert request.pool is not None, "a batched request reads a pool"
         # Outside the lock: compiling a grammar can take a while, and a bad grammar fails here.
         constraint = token_constraint(request.model, request.tokenizer, request.settings)
-        with self._lock:
-            scheduler = self._registered(request.model, request.tokenizer, request.pool, residency)
-            return scheduler.submit(request, budget, constraint)
+        self.calls.admit()  # may wait for a place, or refuse the call: before it holds anything
+        try:
+            with self._lock:
+                scheduler = self._registered(request.model, request.tokenizer, request.pool, residency)
+                tokens = scheduler.submit(request, budget, constraint)
+        except BaseException:
+            self.calls.release()
+            raise
+        return self.calls.holding(tokens)
 
     def close(self) -> None:
         """Stop every scheduler's worker thread (requests still queued are ended)."""
@@ -145,6 +170,7 @@ class SchedulerTable:
                 compile_decode=self.compile_decode,
                 prefixes=self.prefixes if self.prefixes.max_bytes > 0 else None,
                 blocks=self.blocks if self.blocks.max_bytes > 0 else None,
+                steps=self._steps.setdefault(model, ModelSteps()),
             )
         return per_model[key]
 

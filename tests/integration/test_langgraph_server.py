@@ -9,78 +9,29 @@ the aggregator's call finds the pool in the store instead of prefilling the docu
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 
 langgraph_sdk = pytest.importorskip("langgraph_sdk")
 pytest.importorskip("langgraph_runtime_inmem", reason="needs langgraph-cli[inmem] (the dev extra)")
 
+from polykv_agents.graph.dev_server import DevServer  # noqa: E402  (after the skips: it needs neither)
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENT = "The council delayed the library by a year: the lowest bid was 30 percent over budget. " * 4
 ROLES = ["analyst", "skeptic", "optimist"]
-STARTUP_SECONDS = 180
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def server_config(directory: Path) -> Path:
-    """The repository's langgraph.json, with absolute graph paths and a pool store under ``directory``."""
-    config = json.loads((ROOT / "langgraph.json").read_text(encoding="utf-8"))
-    config["graphs"] = {name: str(ROOT / path.removeprefix("./")) for name, path in config["graphs"].items()}
-    config["dependencies"] = [str(ROOT)]
-    config["env"] = {**config.get("env", {}), "POLYKV_POOL_STORE": str(directory / "pools")}
-    path = directory / "langgraph.json"
-    path.write_text(json.dumps(config), encoding="utf-8")
-    return path
 
 
 @contextmanager
 def dev_server(directory: Path) -> Iterator[str]:
-    """``langgraph dev`` running in ``directory`` (where it keeps its threads between starts); its URL."""
-    port = free_port()
-    command = [sys.executable, "-m", "langgraph_cli", "dev", "--port", str(port), "--no-browser", "--no-reload"]
-    command += ["--config", str(server_config(directory))]
-    env = {**os.environ, "LANGGRAPH_CLI_NO_ANALYTICS": "1", "LANGSMITH_TRACING": "false"}
-    log = (directory / "server.log").open("ab")
-    server = subprocess.Popen(command, cwd=directory, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while True:
-            try:
-                if httpx.get(f"{url}/ok", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"langgraph dev did not start:\n{(directory / 'server.log').read_text()[-4000:]}")
-            time.sleep(0.5)
-        yield url
-    finally:
-        # SIGINT, as Ctrl-C: the in-memory runtime writes its threads to disk on the way out.
-        if server.poll() is None:
-            os.kill(server.pid, signal.SIGINT)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
+    """``langgraph dev`` on the repository's langgraph.json, running in ``directory`` (where it keeps its threads
+    between starts) with its pool store there too; its URL."""
+    pools = {"POLYKV_POOL_STORE": str(directory / "pools")}
+    with DevServer(ROOT / "langgraph.json", folder=directory, env=pools) as server:
+        yield server.url
 
 
 def test_role_swarm_over_http_survives_a_server_restart(tmp_path, tiny_model_dir):

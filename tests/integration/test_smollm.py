@@ -255,3 +255,46 @@ def test_on_the_real_model_codecs_by_layer_spend_bytes_where_they_are_listed(smo
         assert torch.equal(decoded["mixed"], decoded[twin])
     agent = PooledAgent(pools["mixed"], model, tokenizer, system_prompt="Answer from the document.")
     assert agent.generate("What is this document about?", max_new_tokens=8).strip()
+
+
+def test_calls_over_three_documents_share_steps_and_decode_their_tokens_alone(smollm):
+    """The real model: two calls over each of three pools of different lengths, on one engine, from threads; each
+    decodes exactly its greedy tokens alone (a private copy of its pool), and the pools' steps were shared."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from polykv_agents import Engine
+    from polykv_agents.eval.corpus import pydoc_documents
+    from polykv_agents.runtime.backend import PrivateBackend
+    from polykv_agents.runtime.generate import generate_token_ids
+    from polykv_agents.runtime.request import DecodeRequest
+
+    model, tokenizer = smollm
+    texts = pydoc_documents(3, chars_per_document=1_500)
+    pools = [SharedKVPool.prefill(model, tokenizer, text[: 300 + 350 * i]) for i, text in enumerate(texts)]
+    assert len({pool.num_tokens for pool in pools}) == 3
+    engine = Engine()
+    engine.schedulers.steps_for(model).gather_seconds = 0.5  # generous: the test asserts that steps were shared
+    settings = GenerationSettings(max_new_tokens=8, ignore_eos=True)
+    questions = (
+        "What is this about?", "Name one term it defines.", "Quote its first words.",
+        "Who would read it?", "Give it a title.", "What does it warn about?",
+    )  # fmt: skip
+    calls = [
+        (pool, PooledAgent(pool, model, tokenizer, system_prompt="Answer briefly.", engine=engine).prompt_ids(q))
+        for pool, q in zip([p for p in pools for _ in range(2)], questions, strict=True)
+    ]
+    expected = [
+        list(generate_token_ids(DecodeRequest(model, tokenizer, prompt, settings, pool=pool), PrivateBackend()))
+        for pool, prompt in calls
+    ]
+    assert len({tuple(tokens) for tokens in expected}) == len(calls)
+    backend = engine.backend("decompressed")
+
+    def together(call):
+        pool, prompt = call
+        return list(generate_token_ids(DecodeRequest(model, tokenizer, prompt, settings, pool=pool), backend))
+
+    with ThreadPoolExecutor(len(calls)) as threads:
+        assert list(threads.map(together, calls)) == expected
+    assert engine.schedulers.steps_for(model).peak_pools_per_step >= 2
+    engine.close()

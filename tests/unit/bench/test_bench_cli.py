@@ -19,7 +19,7 @@ runner = CliRunner()
 
 def test_every_package_suite_is_a_bench_command_with_its_options_and_no_study_is():
     listed = assert_every_suite_is_a_command(app, ["bench"], SUITES)
-    assert list(SUITES) == ["memory", "quality", "tasks", "speed", "agents"]
+    assert list(SUITES) == ["memory", "quality", "tasks", "speed", "agents", "serve"]
     for study in ("ablation", "peers", "graph_e2e"):  # the repository's: `python -m benchmarks <name>`
         assert f" {study} " not in listed
         assert runner.invoke(app, ["bench", study, "--help"]).exit_code != 0
@@ -73,3 +73,26 @@ def test_another_models_results_in_their_own_folder_render_as_a_section_of_their
     their_part = "\n".join(sections[sections.index(headings[1]) :])
     assert "](../benchmarks/results/second-model/quality_ppl_vs_context.png)" in their_part
     assert (tmp_path / "second-model" / "quality.md").exists()
+
+
+def test_bench_serve_runs_workflows_at_once_and_one_after_another_with_equal_work(tiny_model_dir, tmp_path):
+    """Two reviews over two documents, each mode in a fresh process, on the tiny checkpoint."""
+    out = tmp_path / "results"
+    graphs = Path(__file__).resolve().parents[3] / "langgraph.json"
+    result = runner.invoke(
+        app,
+        [
+            "bench", "serve", "--model", tiny_model_dir, "--workflows", "2", "--mode", "at_once",
+            "--mode", "one_after_another", "--context", "48", "--roles", "2", "--max-tokens", "3",
+            "--graphs", str(graphs), "--out", str(out), "--json",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["rows"]
+    assert [(r["workflows"], r["mode"]) for r in rows] == [(2, "at_once"), (2, "one_after_another")]
+    # planner, 2 specialists, critic, summarizer: 3 tokens each but the planner's (its grammar closes the plan)
+    assert all(len(r["runs"]) == 2 and r["output_tokens"] > 2 * 4 * 3 for r in rows)
+    assert rows[0]["output_tokens"] == rows[1]["output_tokens"]  # the same work in both modes
+    assert all(r["rss_peak_bytes"] > 0 and r["latency_p95_s"] >= r["latency_p50_s"] > 0 for r in rows)
+    rendered = SUITES["serve"].render(out)
+    assert rendered is not None and "| 2 | in process, at once |" in "\n".join(rendered.results)
