@@ -15,8 +15,8 @@ is paid twice. Packed, they are one forward over one flat sequence of ``B + A*c`
 Each group keeps its own :class:`~polykv_agents.runtime.suffix_cache.SuffixCache` and
 :class:`~polykv_agents.runtime.cascade_attention.CascadeContext`, so every row sees exactly what it sees in
 its own forward: packing changes which operations run together, not what any row attends to.
-:func:`pack_decode_and_chunk` builds the flat inputs and the cascade of one such step; the scheduler runs the
-forward, advances both caches and samples.
+:func:`pack_parts` builds the flat inputs and the cascade of one such step (of one pool, or of several pools'
+parts: :mod:`.model_steps`); the scheduler runs the forward, advances the caches and samples.
 """
 
 from __future__ import annotations
@@ -104,21 +104,6 @@ def pack_parts(parts: list[StepPart]) -> tuple[PackedCascade, torch.Tensor, torc
     ids = torch.cat([part.ids.reshape(-1) for part in parts])
     positions = torch.cat([p.context.query_positions(p.ids.shape[1]).clamp(min=0).reshape(-1) for p in parts])
     return PackedCascade(groups), ids.view(1, -1), positions.view(1, -1)
-
-
-def pack_decode_and_chunk(
-    last_tokens: torch.Tensor,
-    running: SuffixCache,
-    running_context: CascadeContext,
-    chunk: torch.Tensor,
-    admitted: SuffixCache,
-    admitted_context: CascadeContext,
-) -> tuple[PackedCascade, torch.Tensor, torch.Tensor]:
-    """One pool's packed step: the running rows' ``last_tokens [B]`` over ``running`` and an admission's ``chunk
-    [A, c]`` over ``admitted`` (:func:`pack_parts` of the two)."""
-    return pack_parts(
-        [StepPart(last_tokens.view(-1, 1), running, running_context), StepPart(chunk, admitted, admitted_context)]
-    )
 
 
 class _PackedLayer(CacheLayerMixin):

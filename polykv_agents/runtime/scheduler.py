@@ -49,7 +49,7 @@ from polykv_agents.runtime.block_store import BlockStore
 from polykv_agents.runtime.cascade_attention import CascadeContext, enable_cascade_attention
 from polykv_agents.runtime.compiled_decode import BATCH_BUCKETS, CompiledDecoder
 from polykv_agents.runtime.model_steps import ModelSteps, SharedPart
-from polykv_agents.runtime.packed_step import PackedCascade, StepPart, pack_decode_and_chunk
+from polykv_agents.runtime.packed_step import PackedCascade, StepPart, pack_parts
 from polykv_agents.runtime.prefix_tree import PrefixTrees
 from polykv_agents.runtime.request import DecodeRequest
 from polykv_agents.runtime.reuse import CallReuse
@@ -455,34 +455,18 @@ class BatchScheduler:
         self.peak_batch_size = max(self.peak_batch_size, len(self._rows))
 
     def _packed_step(self) -> None:
-        """The running rows' decode step and the admission's next chunk in one forward (:mod:`.packed_step`)."""
-        admission = self._admission
-        columns = admission.next_columns(bool(self._rows), self.admission_chunk_tokens)
-        running = len(self._rows)
+        """The running rows' decode step and the admission's next chunk in one forward (:mod:`.packed_step`): this
+        pool's part of a shared step (:meth:`shared_part`), run alone."""
+        part = self.shared_part(others_decoding=False, admitting_pools=1)
         with torch.profiler.record_function(PACKED_STEP_LABEL):
-            packed, ids, positions = pack_decode_and_chunk(
-                torch.tensor([r.last_token for r in self._rows]),  # [B]
-                self._cache,
-                self._context(self._cache),
-                admission.chunk(columns),  # [A, c]
-                admission.rows,
-                self._context(admission.rows),
-            )
+            packed, ids, positions = pack_parts(part.parts)
             try:
-                keep = packed.kept_positions().to(self.model.device)
                 # [B + A, vocab]: each running row's next token, then each admitted row's last
-                logits = self._model_logits(ids, positions, packed.cache, packed, keep)[0]
+                logits = self.packed_logits(ids, positions, packed, packed.kept_positions())
             except Exception as e:  # which rows' inputs failed is unknown: both groups end with the error
                 self._fail_admission(e)
                 raise
-            self._cache.advance(1)
-            admission.rows.advance(columns)
-            admission.done += columns
-            self.peak_suffix_nbytes = max(self.peak_suffix_nbytes, self._cache.nbytes + admission.rows.nbytes)
-            for row, request in enumerate(self._rows):
-                self._emit(request, logits[row])
-        if admission.complete:
-            self._finish_admission(logits[running:])
+            self.finish_shared_part(part, logits)
 
     def _drop_finished(self) -> None:
         keep = [i for i, r in enumerate(self._rows) if r.stats.finish_reason is None and not r.cancelled.is_set()]

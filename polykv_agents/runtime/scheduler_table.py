@@ -117,7 +117,11 @@ class SchedulerTable:
     def steps_for(self, model: PreTrainedModel) -> ModelSteps:
         """The steps ``model``'s schedulers share (tests and benchmarks read its counters)."""
         with self._lock:
-            return self._steps.setdefault(model, ModelSteps())
+            return self._model_steps(model)
+
+    def _model_steps(self, model: PreTrainedModel) -> ModelSteps:
+        """``model``'s shared steps, made on first use (under the table's lock)."""
+        return self._steps.setdefault(model, ModelSteps())
 
     def scheduler_for(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pool: SharedKVPool, residency: Residency
@@ -170,7 +174,7 @@ class SchedulerTable:
                 compile_decode=self.compile_decode,
                 prefixes=self.prefixes if self.prefixes.max_bytes > 0 else None,
                 blocks=self.blocks if self.blocks.max_bytes > 0 else None,
-                steps=self._steps.setdefault(model, ModelSteps()),
+                steps=self._model_steps(model),
             )
         return per_model[key]
 
