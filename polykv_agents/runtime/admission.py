@@ -116,7 +116,7 @@ class Admission:
     def fail(self, error: BaseException) -> None:
         """End every request being admitted with ``error`` (raised to its consumer)."""
         for request in self.requests:
-            request.out.put(error)
+            request.fail(error)
 
     def finish(
         self,

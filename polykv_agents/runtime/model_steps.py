@@ -136,6 +136,10 @@ class ModelSteps:
                 batch[0].run_step()
             else:
                 self._shared_step(batch)
+        except Exception as e:  # unforeseen: every call of the step ends with the error rather than waiting for ever
+            logger.error("a step shared by %d pools failed outside its forward", len(batch), exc_info=e)
+            for scheduler in batch:
+                scheduler.fail_step(e)
         finally:
             with self._cond:
                 self._running = set()

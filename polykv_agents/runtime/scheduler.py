@@ -292,8 +292,18 @@ class BatchScheduler:
         """End every running row with ``error`` (raised to its consumer) after a failed step."""
         logger.error("batched decode step failed", exc_info=error)
         for request in self._rows:
-            request.out.put(error)
+            request.fail(error)
         self._rows, self._cache = [], SuffixCache(self._num_layers, 0)
+
+    def fail_step(self, error: BaseException) -> None:
+        """End every call this pool holds (running rows, the admission under way, calls waiting for one) with
+        ``error``: a step failed where nothing tells which of its calls it came from. Waiting calls end too, so a
+        step that fails every time cannot keep them waiting for ever."""
+        self._fail_rows(error)
+        if self._admission is not None:
+            self._fail_admission(error)
+        while not self._inbox.empty():
+            self._inbox.get_nowait().fail(error)
 
     # ---------------------------------------------------------------- a step shared with other pools
 
@@ -316,20 +326,20 @@ class BatchScheduler:
             self._drop_finished()
             if self._admission is None:
                 self._admission = self._start_admission()
-        except Exception as e:  # as in a step of its own: its rows end with the error, the other pools go on
-            self._fail_rows(e)
+            parts, columns = [], 0
+            if self._rows:
+                last = torch.tensor([[r.last_token] for r in self._rows])  # [B, 1]
+                parts.append(StepPart(last, self._cache, self._context(self._cache)))
+            admission = self._admission
+            if admission is not None:
+                budget = self.admission_chunk_tokens
+                if budget is not None:
+                    budget = max(1, budget // max(1, admitting_pools))
+                columns = admission.next_columns(bool(self._rows) or others_decoding, budget)
+                parts.append(StepPart(admission.chunk(columns), admission.rows, self._context(admission.rows)))
+        except Exception as e:  # as in a step of its own: this pool's calls end with the error, the others go on
+            self.fail_step(e)
             return None
-        parts, columns = [], 0
-        if self._rows:
-            last = torch.tensor([[r.last_token] for r in self._rows])  # [B, 1]
-            parts.append(StepPart(last, self._cache, self._context(self._cache)))
-        admission = self._admission
-        if admission is not None:
-            budget = self.admission_chunk_tokens
-            if budget is not None:
-                budget = max(1, budget // max(1, admitting_pools))
-            columns = admission.next_columns(bool(self._rows) or others_decoding, budget)
-            parts.append(StepPart(admission.chunk(columns), admission.rows, self._context(admission.rows)))
         return SharedPart(self, parts, len(self._rows), columns) if parts else None
 
     def packed_logits(self, ids, positions, packed: PackedCascade, keep: torch.Tensor) -> torch.Tensor:
@@ -437,7 +447,13 @@ class BatchScheduler:
         waiting = take_waiting(self._inbox, self.max_batch_size - len(self._rows))
         if not waiting:
             return None
-        return Admission.prepare(waiting, [self._reuse.start(request) for request in waiting], self._num_layers)
+        try:
+            return Admission.prepare(waiting, [self._reuse.start(request) for request in waiting], self._num_layers)
+        except Exception as e:  # taken from the inbox, these calls are nobody else's: they end with the error
+            logger.error("admission failed", exc_info=e)
+            for request in waiting:
+                request.fail(e)
+            return None
 
     def _fail_admission(self, error: BaseException) -> None:
         """End every request of the admission under way with ``error``."""

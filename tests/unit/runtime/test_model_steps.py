@@ -179,6 +179,66 @@ def test_a_pool_whose_forward_fails_fails_only_its_own_rows(tiny_tok, caplog):
     assert any("each runs its step alone" in message for message in caplog.messages)
 
 
+def _drained(stream, seconds: float = 60.0) -> list[int] | BaseException:
+    """A stream's tokens, or the error it raised; a stream that hangs fails the test instead of hanging it."""
+    import threading
+
+    result: list = []
+
+    def drain() -> None:
+        try:
+            result.append(list(stream))
+        except Exception as e:  # the error is what the test compares
+            result.append(e)
+
+    thread = threading.Thread(target=drain, daemon=True)  # daemon: a hung stream cannot hold pytest's exit
+    thread.start()
+    thread.join(seconds)
+    if not result:
+        pytest.fail("a call waited for ever")
+    return result[0]
+
+
+def test_a_pool_whose_admission_cannot_be_prepared_fails_only_its_own_calls(tiny_tok):
+    """Calls taken from a pool's inbox for an admission that fails to prepare end with the error; none waits."""
+    calls, expected, steps, schedulers = _three_schedulers(tiny_tok)
+
+    def fail(request):
+        msg = "this pool's prefix tree is broken"
+        raise RuntimeError(msg)
+
+    schedulers[0]._reuse.start = fail
+    streams = _submitted_together(schedulers, calls)
+    for (p, _, _), stream, tokens in zip(calls, streams, expected, strict=True):
+        got = _drained(stream)
+        if p == 0:
+            assert isinstance(got, RuntimeError) and "prefix tree is broken" in str(got)
+        else:
+            assert got == tokens
+    for scheduler in schedulers:
+        scheduler.close()
+    assert steps.shared_steps > 0
+
+
+def test_an_unforeseen_failure_of_a_shared_step_ends_every_call_in_it(tiny_tok, caplog):
+    """A failure outside the shared forward (here the gathering itself) cannot be pinned on one pool: every call
+    of the step gets the error, and none waits for ever."""
+    calls, _, steps, schedulers = _three_schedulers(tiny_tok)
+
+    def fail(batch):
+        msg = "the step itself is broken"
+        raise RuntimeError(msg)
+
+    steps._shared_step = fail
+    with caplog.at_level(logging.ERROR, logger="polykv_agents.runtime.model_steps"):
+        for stream in _submitted_together(schedulers, calls):
+            got = _drained(stream)
+            assert isinstance(got, RuntimeError) and "step itself is broken" in str(got)
+    for scheduler in schedulers:
+        scheduler.close()
+    assert any("outside its forward" in message for message in caplog.messages)
+
+
 def test_one_pool_alone_runs_its_own_step_and_shares_nothing(tiny_tok):
     model = tiny_causal_lm(FAMILIES[0])
     pool = _pools(model, tiny_tok)[0]
