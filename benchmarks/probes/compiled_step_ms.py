@@ -45,7 +45,7 @@ import sys
 
 import torch._dynamo.utils
 
-from polykv_agents.bench.agents import pool_and_roles, pooled_agents
+from benchmarks.studies.crew import pool_and_roles, pooled_agents
 from polykv_agents.bench.step_costs import step_intervals_ms
 from polykv_agents.engine import Engine, load_model
 from polykv_agents.sampling.settings import GenerationSettings

@@ -91,7 +91,8 @@ def _interleaved_medians(measures: dict[str, Callable[[], float]], repetitions: 
 
 
 def _speed_rows(weights: str, model, tokenizer, options: CompileOptions, progress: Progress) -> list[dict]:
-    from polykv_agents.bench.agents import answer_all, pool_and_roles, pooled_agents
+    from benchmarks.studies.crew import pool_and_roles, pooled_agents
+    from polykv_agents.bench.agents import answer_all
     from polykv_agents.bench.step_costs import step_intervals_ms
     from polykv_agents.engine import Engine
     from polykv_agents.sampling.settings import GenerationSettings
@@ -268,7 +269,7 @@ SUITE = CompileSuite()
 
 def main(request_path: str, result_path: str) -> None:
     """Side process: load the model, build the pool, and time one agent's first compiled decode step."""
-    from polykv_agents.bench.agents import pool_and_roles, pooled_agents
+    from benchmarks.studies.crew import pool_and_roles, pooled_agents
     from polykv_agents.engine import Engine
     from polykv_agents.sampling.settings import GenerationSettings
 

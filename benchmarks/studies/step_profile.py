@@ -96,7 +96,8 @@ def profile_rows(
     (which compiles the step's bucket with ``compile_decode``)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from polykv_agents.bench.agents import answer_all, pooled_agents
+    from benchmarks.studies.crew import pooled_agents
+    from polykv_agents.bench.agents import answer_all
     from polykv_agents.engine import Engine
     from polykv_agents.model.compute_thread import run_on_compute_thread
     from polykv_agents.sampling.settings import GenerationSettings
@@ -140,7 +141,7 @@ def profile_rows(
 
 
 def run_profile(options: ProfileOptions, progress: Progress = lambda _: None) -> ProfileResult:
-    from polykv_agents.bench.agents import pool_and_roles
+    from benchmarks.studies.crew import pool_and_roles
     from polykv_agents.engine import load_model
 
     rows = []
