@@ -34,6 +34,7 @@ from polykv_agents.model.loading import ModelCache
 from polykv_agents.model.weights import Weights
 from polykv_agents.pool.registry import DEFAULT_MAX_BYTES, PoolRegistry
 from polykv_agents.pool.shared_pool import SharedKVPool
+from polykv_agents.pool.store import PoolStore
 from polykv_agents.runtime.backend import Backend, BatchedBackend, PrivateBackend, Runtime, check_runtime
 from polykv_agents.runtime.call_limit import DEFAULT_MAX_CALLS, DEFAULT_WAIT_SECONDS
 from polykv_agents.runtime.scheduler import SCHEDULER_IDLE_SECONDS
@@ -45,6 +46,9 @@ BUDGET_ENV_VAR = "POLYKV_POOL_BUDGET_BYTES"
 PREFIX_BUDGET_ENV_VAR = "POLYKV_PREFIX_BUDGET_BYTES"
 """Environment variable that sets the default engine's budget for reusable call prefixes in bytes (0: no reuse)."""
 
+SPILL_ENV_VAR = "POLYKV_POOL_SPILL_DIR"
+"""Environment variable that sets the directory the default engine's evicted pools are written to."""
+
 COMPILE_ENV_VAR = "POLYKV_COMPILE_DECODE"
 """Environment variable that turns on the default engine's compiled decode steps (``1``; ``0`` or unset: eager)."""
 
@@ -55,6 +59,9 @@ class Engine:
     Args:
         max_pool_bytes: Byte budget of the pools held (least recently used evicted beyond it; a pool in
             use never is); ``None``: unbounded.
+        spill_dir: Where pools evicted by that budget are written, so that a later call over the same document
+            loads its pool back instead of prefilling it again (``PoolStore`` files, by digest); ``None``: they are
+            forgotten. The default engine takes it from ``POLYKV_POOL_SPILL_DIR``.
         scheduler_idle_seconds: Seconds a batch scheduler waits without work before it retires (freeing
             its thread and decoded prefix); ``None``: never.
         compile_decode: Batched decode steps through ``torch.compile`` (see
@@ -77,6 +84,7 @@ class Engine:
         self,
         *,
         max_pool_bytes: int | None = DEFAULT_MAX_BYTES,
+        spill_dir: str | os.PathLike[str] | None = None,
         scheduler_idle_seconds: float | None = SCHEDULER_IDLE_SECONDS,
         compile_decode: bool | str | Callable = False,
         max_prefix_bytes: int = DEFAULT_PREFIX_BYTES,
@@ -85,7 +93,7 @@ class Engine:
         call_wait_seconds: float = DEFAULT_WAIT_SECONDS,
     ) -> None:
         self.models = ModelCache()
-        self.pools = PoolRegistry(max_bytes=max_pool_bytes)
+        self.pools = PoolRegistry(max_bytes=max_pool_bytes, spill=None if spill_dir is None else PoolStore(spill_dir))
         self.schedulers = SchedulerTable(
             idle_seconds=scheduler_idle_seconds,
             compile_decode=compile_decode,
@@ -145,7 +153,8 @@ _DEFAULT_LOCK = threading.Lock()
 
 
 def default_engine() -> Engine:
-    """The process-wide engine (created on first use; its pool budget comes from ``POLYKV_POOL_BUDGET_BYTES``,
+    """The process-wide engine (created on first use; its pool budget comes from ``POLYKV_POOL_BUDGET_BYTES``, the
+    directory its evicted pools spill to from ``POLYKV_POOL_SPILL_DIR``,
     its reusable prefixes' budget from ``POLYKV_PREFIX_BUDGET_BYTES``, and ``POLYKV_COMPILE_DECODE=1`` compiles
     its decode steps)."""
     global _DEFAULT
@@ -153,6 +162,7 @@ def default_engine() -> Engine:
         if _DEFAULT is None:
             _DEFAULT = Engine(
                 max_pool_bytes=_bytes_from_environment(BUDGET_ENV_VAR, DEFAULT_MAX_BYTES),
+                spill_dir=os.environ.get(SPILL_ENV_VAR) or None,
                 compile_decode=_compile_from_environment(),
                 max_prefix_bytes=_bytes_from_environment(PREFIX_BUDGET_ENV_VAR, DEFAULT_PREFIX_BYTES),
             )

@@ -16,7 +16,10 @@ from the stored tensors) and evicts the least recently used ones beyond it. A po
 never evicted: chat-model calls hold a lease on their pool (:meth:`PoolRegistry.use`) for as long as
 they generate, and the most recently registered pool stays even when it alone exceeds the budget.
 When every pool is in use the registry stays over budget (and logs it) until a lease ends. An evicted
-pool is only forgotten: a later :meth:`resolve` loads it from its store or rebuilds it.
+pool is forgotten, or, with a ``spill`` store, first written there (once: files are content-addressed): a later
+:meth:`resolve` or :meth:`get_or_build` of its digest loads it back from the spill store instead of prefilling
+the document again, and a handle that names no store of its own still finds it. Without a spill store a
+later call loads it from its handle's store or rebuilds it.
 
 Thread safety: one lock guards the dictionaries and is never held while loading or prefilling, so
 builds of different documents run concurrently. Concurrent requests for the same digest share one
@@ -53,8 +56,9 @@ from polykv_agents.pool.store import PoolStore
 
 logger = logging.getLogger(__name__)
 
-PoolOrigin = Literal["built", "store", "given"]
-"""How a pool came into a registry: prefilled there, loaded from a store, or registered as an object."""
+PoolOrigin = Literal["built", "store", "spill", "given"]
+"""How a pool came into a registry: prefilled there, loaded from a store or from the registry's spill store, or
+registered as an object."""
 
 DEFAULT_MAX_BYTES = 2 * 1024**3
 """Budget of the default engine's registry: 2 GiB of pools (about 65 SmolLM2-135M pools of 4K tokens)."""
@@ -74,9 +78,13 @@ class PoolRegistry:
 
     Args:
         max_bytes: Budget for the pools held (sum of ``SharedKVPool.nbytes``); ``None``: unbounded.
+        spill: Where pools evicted by the budget go, to be loaded back by digest; ``None``: they are forgotten.
     """
 
-    def __init__(self, max_bytes: int | None = None) -> None:
+    def __init__(self, max_bytes: int | None = None, spill: PoolStore | None = None) -> None:
+        self.spill = spill
+        """Where evicted pools are written (see the module docstring)."""
+        self._spills = 0
         self._lock = threading.RLock()
         self._pools: OrderedDict[str, SharedKVPool] = OrderedDict()  # least recently used first
         self._leases: Counter[str] = Counter()
@@ -115,7 +123,8 @@ class PoolRegistry:
 
     def origin(self, digest: str) -> PoolOrigin | None:
         """How pool ``digest`` last came into this registry: ``built`` (prefilled here), ``store`` (loaded from a
-        store) or ``given`` (registered as an object); ``None`` if it never did."""
+        store), ``spill`` (loaded back from the spill store after an eviction) or ``given`` (registered as an
+        object); ``None`` if it never did."""
         with self._lock:
             return self._origins.get(digest)
 
@@ -239,8 +248,10 @@ class PoolRegistry:
                 return
             if self._leases[digest]:
                 continue
-            total -= self._pools.pop(digest).nbytes
+            pool = self._pools.pop(digest)
+            total -= pool.nbytes
             self._evictions += 1
+            self._spill(pool)
             logger.info(
                 "evicted pool %s... (least recently used) to stay within %d bytes", digest[:12], self._max_bytes
             )
@@ -250,6 +261,25 @@ class PoolRegistry:
                 total,
                 self._max_bytes,
             )
+
+    def _spill(self, pool: SharedKVPool) -> None:
+        """Write an evicted ``pool`` to the spill store, unless it is there already. Hold the lock: a call for
+        its digest meanwhile must find it registered or spilled, never neither (a write of a pool takes
+        milliseconds per MiB)."""
+        if self.spill is None or pool.digest in self.spill:
+            return
+        try:
+            self.spill.save(pool)
+        except OSError as e:  # the pool is only forgotten, as without a spill store: a later call rebuilds it
+            logger.warning("could not spill pool %s... to %s: %s", pool.digest[:12], self.spill.directory, e)
+            return
+        self._spills += 1
+
+    @property
+    def spills(self) -> int:
+        """Evicted pools written to the spill store so far."""
+        with self._lock:
+            return self._spills
 
     # ---------------------------------------------------------------- building
 
@@ -356,18 +386,20 @@ class PoolRegistry:
     def _load_or_build(
         self, digest: str, store: PoolStore | None, build: Callable[[], SharedKVPool] | None
     ) -> SharedKVPool:
-        """Registry, then ``store``, then ``build`` (``None``: nothing to build from), at most once per digest."""
+        """Registry, then ``store``, then the spill store, then ``build`` (``None``: nothing to build from), at
+        most once per digest."""
 
         def produce() -> SharedKVPool:
-            if store is not None:
+            for saved in (store, self.spill):
+                if saved is None:
+                    continue
                 try:
-                    pool = store.load(digest)
-                except FileNotFoundError:  # no saved copy: build one
-                    pass
-                else:
-                    with self._lock:
-                        self._origins[digest] = "store"
-                    return pool
+                    pool = saved.load(digest)
+                except FileNotFoundError:  # no saved copy here
+                    continue
+                with self._lock:
+                    self._origins[digest] = "store" if saved is store else "spill"
+                return pool
             if build is None:
                 where = "no store was given" if store is None else f"no saved copy is in {store.directory}"
                 msg = (

@@ -113,6 +113,40 @@ def test_an_evicted_pool_comes_back_from_its_store_without_a_prefill(tiny_model,
     assert registry.build_count == 2  # loaded, not rebuilt
 
 
+def test_an_evicted_pool_spills_and_comes_back_by_digest_alone(tiny_model, tiny_tok, tmp_path):
+    """With a spill store, a pool the budget evicts is written there once, and a handle that names no store (and
+    no document to rebuild from) still resolves, loaded back, not prefilled."""
+    spill = PoolStore(tmp_path)
+    registry = PoolRegistry(max_bytes=1, spill=spill)  # keeps only the newest pool
+    first = registry.get_or_build(tiny_model, tiny_tok, DOCS[0])
+    with registry.leased(first):
+        registry.get_or_build(tiny_model, tiny_tok, DOCS[1])  # over budget, but first is in use: nothing spills
+        assert registry.spills == 0 and first.digest not in spill
+    registry.get_or_build(tiny_model, tiny_tok, DOCS[2])  # the lease ended: first and second go, to the spill store
+    assert first.digest not in registry and first.digest in spill and registry.spills == 2
+    again = registry.resolve(PoolHandle.from_pool(first), tiny_model, tiny_tok)
+    assert again.tensor_checksum() == first.tensor_checksum()
+    assert registry.origin(first.digest) == "spill"
+    assert registry.get_or_build(tiny_model, tiny_tok, DOCS[1]).digest in registry  # by document: loaded too
+    assert registry.build_count == 3  # three documents, each prefilled once
+    registry.get_or_build(tiny_model, tiny_tok, DOCS[3])  # the pools of the first three documents left again
+    assert registry.spills == 3 and len(list(tmp_path.iterdir())) == 3  # each written once, however often it left
+
+
+def test_a_chat_model_over_a_spilled_pool_answers_from_it_without_a_prefill(tiny_model_dir, tmp_path):
+    engine = Engine(max_pool_bytes=1, spill_dir=tmp_path)
+    model, tokenizer = engine.load_model(tiny_model_dir)
+    pool = engine.pools.get_or_build(model, tokenizer, DOCS[0])
+    chat = ChatPolyKV(model=tiny_model_dir, max_tokens=6, engine=engine).with_pool(PoolHandle.from_pool(pool))
+    expected = chat.invoke("Go.").content
+    engine.pools.get_or_build(model, tokenizer, DOCS[1])  # evicts the chat's pool, into the spill store
+    assert pool.digest not in engine.pools
+    reply = chat.invoke("Go.")
+    assert reply.content == expected
+    assert reply.response_metadata["pool_source"] == "spill"
+    assert engine.pools.build_count == 2
+
+
 def test_a_chat_call_holds_a_lease_while_it_streams(tiny_model_dir):
     engine = Engine(max_pool_bytes=1)
     registry = engine.pools
