@@ -57,8 +57,9 @@ class Engine:
     """Models, pools and schedulers shared by every agent and chat model that uses this engine.
 
     Args:
-        max_pool_bytes: Byte budget of the pools held (least recently used evicted beyond it; a pool in
-            use never is); ``None``: unbounded.
+        max_pool_bytes: Byte budget of the pools held and of the decoded prefixes the schedulers hold for them
+            (least recently used pools evicted beyond it, their idle schedulers retired; a pool in use never is);
+            ``None``: unbounded.
         spill_dir: Where pools evicted by that budget are written, so that a later call over the same document
             loads its pool back instead of prefilling it again (``PoolStore`` files, by digest); ``None``: they are
             forgotten. The default engine takes it from ``POLYKV_POOL_SPILL_DIR``.
@@ -93,8 +94,8 @@ class Engine:
         call_wait_seconds: float = DEFAULT_WAIT_SECONDS,
     ) -> None:
         self.models = ModelCache()
-        self.pools = PoolRegistry(max_bytes=max_pool_bytes, spill=None if spill_dir is None else PoolStore(spill_dir))
         self.schedulers = SchedulerTable(
+            on_started=lambda: self.pools.enforce_budget(),
             idle_seconds=scheduler_idle_seconds,
             compile_decode=compile_decode,
             max_prefix_bytes=max_prefix_bytes,
@@ -102,6 +103,9 @@ class Engine:
             max_calls=max_calls,
             call_wait_seconds=call_wait_seconds,
         )
+        # The budget counts the decoded prefixes the schedulers hold for each pool, and frees them with it.
+        spill = None if spill_dir is None else PoolStore(spill_dir)
+        self.pools = PoolRegistry(max_bytes=max_pool_bytes, spill=spill, run_time=self.schedulers)
         self._backends: dict[str, Backend] = {
             "decompressed": BatchedBackend(self.schedulers, "decompressed"),
             "compressed": BatchedBackend(self.schedulers, "compressed"),

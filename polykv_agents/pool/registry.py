@@ -12,7 +12,10 @@ lives here. Data flow of :meth:`PoolRegistry.get_or_build`:
 document, which is deterministic, so it reproduces the digest the handle names.
 
 Memory budget: the registry holds at most ``max_bytes`` of pools (``SharedKVPool.nbytes``, measured
-from the stored tensors) and evicts the least recently used ones beyond it. A pool that is in use is
+from the stored tensors) and evicts the least recently used ones beyond it. In an engine the budget also counts
+what the engine holds at run time for each registered pool, its decoded prefixes (``run_time``, the engine's
+scheduler table): evicting a pool retires its idle schedulers, which frees them; a pool with a call running or
+waiting is in use, as under a lease. A pool that is in use is
 never evicted: chat-model calls hold a lease on their pool (:meth:`PoolRegistry.use`) for as long as
 they generate, and the most recently registered pool stays even when it alone exceeds the budget.
 When every pool is in use the registry stays over budget (and logs it) until a lease ends. An evicted
@@ -40,7 +43,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -64,6 +67,19 @@ DEFAULT_MAX_BYTES = 2 * 1024**3
 """Budget of the default engine's registry: 2 GiB of pools (about 65 SmolLM2-135M pools of 4K tokens)."""
 
 
+class RunTimeHolder(Protocol):
+    """What holds bytes for a pool at run time (an engine's
+    :class:`~polykv_agents.runtime.scheduler_table.SchedulerTable`)."""
+
+    def decoded_nbytes(self, digest: str) -> int:
+        """Bytes held for pool ``digest`` besides the pool."""
+        ...
+
+    def release(self, digest: str) -> bool:
+        """Free them if nothing uses the pool now; whether it did."""
+        ...
+
+
 class PoolNotFoundError(LookupError):
     """A handle's pool is in neither this process's registry nor its store, and there is no document to rebuild it."""
 
@@ -79,11 +95,17 @@ class PoolRegistry:
     Args:
         max_bytes: Budget for the pools held (sum of ``SharedKVPool.nbytes``); ``None``: unbounded.
         spill: Where pools evicted by the budget go, to be loaded back by digest; ``None``: they are forgotten.
+        run_time: What holds bytes for a pool besides the pool, counted in the budget and released with it (an
+            engine's scheduler table); ``None``: the pools alone.
     """
 
-    def __init__(self, max_bytes: int | None = None, spill: PoolStore | None = None) -> None:
+    def __init__(
+        self, max_bytes: int | None = None, spill: PoolStore | None = None, run_time: RunTimeHolder | None = None
+    ) -> None:
         self.spill = spill
         """Where evicted pools are written (see the module docstring)."""
+        self.run_time = run_time
+        """What holds run-time bytes per pool (see the module docstring)."""
         self._spills = 0
         self._lock = threading.RLock()
         self._pools: OrderedDict[str, SharedKVPool] = OrderedDict()  # least recently used first
@@ -164,6 +186,18 @@ class PoolRegistry:
             return sum(pool.nbytes for pool in self._pools.values())
 
     @property
+    def resident_nbytes(self) -> int:
+        """What the budget counts: the pools' bytes and what ``run_time`` holds for them (decoded prefixes)."""
+        with self._lock:
+            return sum(pool.nbytes + self._run_time_nbytes(digest) for digest, pool in self._pools.items())
+
+    def enforce_budget(self) -> None:
+        """Evict down to the budget now: an engine calls it when a scheduler has started, holding a decoded prefix
+        the budget counts (pools registered or leased are checked as they come and go)."""
+        with self._lock:
+            self._evict_over_budget()
+
+    @property
     def max_bytes(self) -> int | None:
         """The byte budget; setting it evicts down to the new budget at once."""
         return self._max_bytes
@@ -242,14 +276,17 @@ class PoolRegistry:
         recently used one. Hold the lock."""
         if self._max_bytes is None:
             return
-        total = sum(pool.nbytes for pool in self._pools.values())
+        held = {digest: pool.nbytes + self._run_time_nbytes(digest) for digest, pool in self._pools.items()}
+        total = sum(held.values())
         for digest in list(self._pools)[:-1]:  # least recently used first; the newest one stays
             if total <= self._max_bytes:
                 return
             if self._leases[digest]:
                 continue
+            if self.run_time is not None and not self.run_time.release(digest):
+                continue  # a call over it is running or waiting: in use
             pool = self._pools.pop(digest)
-            total -= pool.nbytes
+            total -= held[digest]
             self._evictions += 1
             self._spill(pool)
             logger.info(
@@ -261,6 +298,9 @@ class PoolRegistry:
                 total,
                 self._max_bytes,
             )
+
+    def _run_time_nbytes(self, digest: str) -> int:
+        return 0 if self.run_time is None else self.run_time.decoded_nbytes(digest)
 
     def _spill(self, pool: SharedKVPool) -> None:
         """Write an evicted ``pool`` to the spill store, unless it is there already. Hold the lock: a call for

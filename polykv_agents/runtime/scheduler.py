@@ -214,6 +214,7 @@ class BatchScheduler:
             if self._rows or self._admission is not None or not self._inbox.empty():
                 return False
             self._closed = True
+            self._wake.notify()  # a worker waiting for work ends now, and its decoded prefix goes with it
             return True
 
     def warm_up(self, buckets: tuple[int, ...] | None = None) -> dict[int, float]:

@@ -54,6 +54,8 @@ class SchedulerTable:
             beyond it waits up to ``call_wait_seconds`` for one to end, then is refused
             (:class:`~polykv_agents.runtime.call_limit.EngineBusyError`).
         call_wait_seconds: How long such a call waits.
+        on_started: Called (outside the table's lock) after a scheduler starts, holding a new decoded prefix: the
+            engine checks its byte budget then (:meth:`~polykv_agents.pool.registry.PoolRegistry.enforce_budget`).
     """
 
     def __init__(
@@ -65,8 +67,10 @@ class SchedulerTable:
         max_block_bytes: int = 0,
         max_calls: int | None = DEFAULT_MAX_CALLS,
         call_wait_seconds: float = DEFAULT_WAIT_SECONDS,
+        on_started: Callable[[], None] | None = None,
     ) -> None:
         self.idle_seconds = idle_seconds
+        self._on_started = on_started
         self.calls = CallLimit(max_calls, call_wait_seconds)
         """The engine's limit on calls at once (backpressure)."""
         self.compile_decode = compile_decode
@@ -81,6 +85,7 @@ class SchedulerTable:
         )
         # model -> the steps its schedulers share (one forward for all of its pools)
         self._steps: weakref.WeakKeyDictionary[PreTrainedModel, ModelSteps] = weakref.WeakKeyDictionary()
+        self._started = 0  # schedulers started so far
         _TABLES.add(self)
 
     def __len__(self) -> int:
@@ -114,6 +119,29 @@ class SchedulerTable:
                 raise RuntimeError(msg)
             scheduler.compiled.require_compiled()
 
+    def decoded_nbytes(self, digest: str) -> int:
+        """Bytes of the decoded prefixes the live schedulers of pool ``digest`` hold (0 when kept compressed)."""
+        with self._lock:
+            return sum(s.prefix.resident_nbytes for key, s in self._keyed() if key[0] == digest)
+
+    def release(self, digest: str) -> bool:
+        """Retire every scheduler of pool ``digest`` now, if each is idle, freeing its decoded prefix; whether none
+        is left (``False``: a call over the pool is running or waiting, and nothing was retired)."""
+        with self._lock:
+            held = [(per_model, key, s) for per_model in self._schedulers.values() for key, s in per_model.items()
+                    if key[0] == digest]  # fmt: skip
+            if any(s.busy for _, _, s in held):
+                return False
+            for per_model, key, scheduler in held:
+                if not scheduler.close_if_idle():  # work arrived since: it stays, and so does the pool
+                    return False
+                del per_model[key]
+        return True
+
+    def _keyed(self) -> list[tuple[tuple[str, str], BatchScheduler]]:
+        """Every live scheduler with its (pool digest, residency); hold the lock."""
+        return [item for per_model in self._schedulers.values() for item in per_model.items()]
+
     def steps_for(self, model: PreTrainedModel) -> ModelSteps:
         """The steps ``model``'s schedulers share (tests and benchmarks read its counters)."""
         with self._lock:
@@ -128,7 +156,10 @@ class SchedulerTable:
     ) -> BatchScheduler:
         """The one scheduler that batches every request over ``pool`` on ``model`` (until it retires)."""
         with self._lock:
-            return self._registered(model, tokenizer, pool, residency)
+            started = self._started
+            scheduler = self._registered(model, tokenizer, pool, residency)
+        self._announce(started)
+        return scheduler
 
     def submit(self, request: DecodeRequest, residency: Residency, budget: int) -> Iterator[int]:
         """Queue ``request`` on its pool's scheduler; returns its token ids."""
@@ -138,12 +169,20 @@ class SchedulerTable:
         self.calls.admit()  # may wait for a place, or refuse the call: before it holds anything
         try:
             with self._lock:
+                started = self._started
                 scheduler = self._registered(request.model, request.tokenizer, request.pool, residency)
                 tokens = scheduler.submit(request, budget, constraint)
         except BaseException:
             self.calls.release()
             raise
+        self._announce(started)
         return self.calls.holding(tokens)
+
+    def _announce(self, started_before: int) -> None:
+        """Tell ``on_started`` if a scheduler started since ``started_before`` (outside the lock: it may retire
+        other pools' schedulers, which takes the lock)."""
+        if self._on_started is not None and self._started != started_before:
+            self._on_started()
 
     def close(self) -> None:
         """Stop every scheduler's worker thread (requests still queued are ended)."""
@@ -164,6 +203,7 @@ class SchedulerTable:
             def on_idle(scheduler: BatchScheduler) -> bool:
                 return self._retire(model, key, scheduler)
 
+            self._started += 1
             per_model[key] = BatchScheduler(
                 model,
                 tokenizer,

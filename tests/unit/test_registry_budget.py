@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -145,6 +146,53 @@ def test_a_chat_model_over_a_spilled_pool_answers_from_it_without_a_prefill(tiny
     assert reply.content == expected
     assert reply.response_metadata["pool_source"] == "spill"
     assert engine.pools.build_count == 2
+
+
+def test_the_budget_counts_decoded_prefixes_and_frees_them_with_their_pool(tiny_model_dir, tmp_path):
+    """An engine's budget covers the decoded prefix each pool's scheduler holds: a call over a new document
+    that takes the total past it evicts the least recently used idle pool, retires its scheduler and spills it."""
+    from polykv_agents import PooledAgent
+    from polykv_agents.sampling.settings import GenerationSettings
+
+    engine = Engine(max_pool_bytes=None, spill_dir=tmp_path)
+    model, tokenizer = engine.load_model(tiny_model_dir)
+    a, b = (engine.pools.get_or_build(model, tokenizer, doc) for doc in DOCS[:2])  # a: the least recently used
+    settings = GenerationSettings(max_new_tokens=6, ignore_eos=True)
+    over_a, over_b = (PooledAgent(pool, model, tokenizer, engine=engine) for pool in (a, b))
+    expected = list(over_a.generate_ids("Go.", settings))
+    decoded = engine.schedulers.decoded_nbytes(a.digest)
+    assert decoded > a.nbytes  # the decoded prefix is larger than the compressed pool
+    assert engine.pools.resident_nbytes == a.nbytes + b.nbytes + decoded
+    engine.pools.max_bytes = a.nbytes + b.nbytes + decoded  # met exactly: nothing goes
+    assert a.digest in engine.pools and len(engine.schedulers) == 1
+    list(over_b.generate_ids("Go.", settings))  # b's scheduler starts: its decoded prefix takes the total over
+    assert a.digest not in engine.pools and a.digest in engine.pools.spill
+    assert engine.schedulers.decoded_nbytes(a.digest) == 0 and len(engine.schedulers) == 1  # a's retired
+    assert engine.pools.resident_nbytes <= engine.pools.max_bytes
+    assert list(over_a.generate_ids("Go.", settings)) == expected  # its agent still holds the pool itself
+
+
+def test_a_pool_with_a_call_running_is_in_use_and_stays(tiny_model_dir):
+    from polykv_agents import PooledAgent
+    from polykv_agents.sampling.settings import GenerationSettings
+
+    engine = Engine(max_pool_bytes=1)
+    model, tokenizer = engine.load_model(tiny_model_dir)
+    a = engine.pools.get_or_build(model, tokenizer, DOCS[0])
+    running = PooledAgent(a, model, tokenizer, engine=engine).generate_ids(
+        "Go.", GenerationSettings(max_new_tokens=64, ignore_eos=True)
+    )
+    first = next(running)  # a's scheduler is decoding
+    b = engine.pools.get_or_build(model, tokenizer, DOCS[1])  # over budget, but a is in use: it stays
+    assert a.digest in engine.pools and b.digest in engine.pools
+    assert len([first, *running]) == 64
+    (scheduler,) = engine.schedulers.live()
+    for _ in range(200):  # the worker ends the finished row just after its last token
+        if not scheduler.busy:
+            break
+        time.sleep(0.01)
+    engine.pools.enforce_budget()  # the call ended: now a goes
+    assert a.digest not in engine.pools and engine.schedulers.decoded_nbytes(a.digest) == 0
 
 
 def test_a_chat_call_holds_a_lease_while_it_streams(tiny_model_dir):
