@@ -126,7 +126,7 @@ class SchedulerTable:
 
     def release(self, digest: str) -> bool:
         """Retire every scheduler of pool ``digest`` now, if each is idle, freeing its decoded prefix; whether none
-        is left (``False``: a call over the pool is running or waiting, and nothing was retired)."""
+        is left (``False``: a call over the pool is running or waiting; those found idle before it may be gone)."""
         with self._lock:
             held = [(per_model, key, s) for per_model in self._schedulers.values() for key, s in per_model.items()
                     if key[0] == digest]  # fmt: skip
