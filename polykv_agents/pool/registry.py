@@ -189,7 +189,7 @@ class PoolRegistry:
     def resident_nbytes(self) -> int:
         """What the budget counts: the pools' bytes and what ``run_time`` holds for them (decoded prefixes)."""
         with self._lock:
-            return sum(pool.nbytes + self._run_time_nbytes(digest) for digest, pool in self._pools.items())
+            return sum(self._held_nbytes().values())
 
     def enforce_budget(self) -> None:
         """Evict down to the budget now: an engine calls it when a scheduler has started, holding a decoded prefix
@@ -276,7 +276,7 @@ class PoolRegistry:
         recently used one. Hold the lock."""
         if self._max_bytes is None:
             return
-        held = {digest: pool.nbytes + self._run_time_nbytes(digest) for digest, pool in self._pools.items()}
+        held = self._held_nbytes()
         total = sum(held.values())
         for digest in list(self._pools)[:-1]:  # least recently used first; the newest one stays
             if total <= self._max_bytes:
@@ -299,8 +299,10 @@ class PoolRegistry:
                 self._max_bytes,
             )
 
-    def _run_time_nbytes(self, digest: str) -> int:
-        return 0 if self.run_time is None else self.run_time.decoded_nbytes(digest)
+    def _held_nbytes(self) -> dict[str, int]:
+        """What the budget counts per registered pool: its bytes and what ``run_time`` holds for it. Hold the lock."""
+        extra = (lambda digest: 0) if self.run_time is None else self.run_time.decoded_nbytes
+        return {digest: pool.nbytes + extra(digest) for digest, pool in self._pools.items()}
 
     def _spill(self, pool: SharedKVPool) -> None:
         """Write an evicted ``pool`` to the spill store, unless it is there already. Hold the lock: a call for
