@@ -109,21 +109,30 @@ def summary_row(workflows: int, mode: str, measured: dict[str, Any]) -> dict[str
     }
 
 
-def run_serve(options: ServeOptions, progress: Progress = lambda _: None) -> SuiteResult:
-    from polykv_agents.bench.suite import load_model_for
+def serve_texts(options: ServeOptions) -> list[str]:
+    """The texts the workflows review (workflow ``i`` reads the first ``options.context`` tokens of text ``i``)."""
     from polykv_agents.eval.corpus import pydoc_documents
 
-    texts = pydoc_documents(max(options.workflows), chars_per_document=max(20_000, options.context * 8))
+    return pydoc_documents(max(options.workflows), chars_per_document=max(20_000, options.context * 8))
+
+
+def worker_request(options: ServeOptions, texts: list[str], mode: str) -> dict[str, Any]:
+    """What a serve worker (:mod:`polykv_agents.bench.serve_worker`) needs to run ``texts``' workflows in ``mode``."""
+    return {
+        "mode": mode, "graph": options.graph, "graphs": str(options.graphs), "texts": texts,
+        "context": options.context, "roles": options.roles, "max_tokens": options.max_tokens, "model": options.model,
+    }  # fmt: skip
+
+
+def run_serve(options: ServeOptions, progress: Progress = lambda _: None) -> SuiteResult:
+    from polykv_agents.bench.suite import load_model_for
+
+    texts = serve_texts(options)
     rows = []
     for workflows in options.workflows:
         for mode in options.modes:
             progress(f"{workflows} workflow(s): {MODE_LABELS[mode]}")
-            request = {
-                "mode": mode, "graph": options.graph, "graphs": str(options.graphs), "texts": texts[:workflows],
-                "context": options.context, "roles": options.roles, "max_tokens": options.max_tokens,
-                "model": options.model,
-            }  # fmt: skip
-            rows.append(summary_row(workflows, mode, run_worker(request)))
+            rows.append(summary_row(workflows, mode, run_worker(worker_request(options, texts[:workflows], mode))))
     model, _ = load_model_for(options.model)  # after the measurements: for the run's record only
     settings = {"context": options.context, "roles": options.roles, "max_tokens": options.max_tokens}
     return SuiteResult(
@@ -141,6 +150,8 @@ def speedups(rows: list[dict[str, Any]]) -> dict[str, Any]:
     alone = by.get((1, "at_once"), {}).get("latency_p50_s")
     summary = {}
     for (workflows, mode), row in by.items():
+        if mode not in MODE_LABELS:
+            continue  # another engine's row (``python -m benchmarks serve_peers``)
         sequential = by.get((workflows, "one_after_another"))
         if mode != "one_after_another" and sequential is not None:
             summary[f"{mode}_{workflows}_throughput_x"] = row["aggregate_tok_s"] / sequential["aggregate_tok_s"]
@@ -164,14 +175,16 @@ def work_note(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def write_serve(result: SuiteResult, out_dir: Path) -> list[Path]:
+def serve_columns(result: SuiteResult, labels: dict[str, str] = MODE_LABELS) -> list[Column]:
+    """The table's columns; ``labels`` names each row's mode."""
+
     def versus_sequential(row: dict) -> str:
         ratio = result.summary.get(f"{row['mode']}_{row['workflows']}_throughput_x")
         return "—" if ratio is None else f"{ratio:.2f}x"
 
-    columns = [
+    return [
         column("workflows", "workflows"),
-        Column("mode", lambda r: MODE_LABELS[r["mode"]]),
+        Column("mode", lambda r: labels[r["mode"]]),
         Column("wall", lambda r: f"{r['wall_s']:.1f} s"),
         Column("output tokens", lambda r: f"{r['output_tokens']:,}"),
         Column("aggregate tok/s", lambda r: f"{r['aggregate_tok_s']:.1f}"),
@@ -183,14 +196,23 @@ def write_serve(result: SuiteResult, out_dir: Path) -> list[Path]:
         ),
         Column("peak RSS", lambda r: f"{r['rss_peak_bytes'] / MIB:,.0f} MiB"),
     ]
-    notes = [
+
+
+def serve_note(result: SuiteResult) -> str:
+    """What each row measured, and whether the work was equal."""
+    return (
         f"Each workflow reviews its own {result.settings['context']:,}-token document (pydoc_data.topics texts) with "
         f"{result.settings['roles']} roles, every answer {result.settings['max_tokens']} tokens (EOS ignored); each "
         "(N, mode) ran in a fresh process (through the server: a fresh `langgraph dev`, its own peak RSS). Latency "
         "and TTFT count from the moment all N were started; in one after another, from each workflow's own start. "
         + work_note(result.rows)
-    ]
-    return write_suite(result, out_dir, title="Many workflows at once", columns=columns, notes=notes)
+    )
+
+
+def write_serve(result: SuiteResult, out_dir: Path) -> list[Path]:
+    return write_suite(
+        result, out_dir, title="Many workflows at once", columns=serve_columns(result), notes=[serve_note(result)]
+    )
 
 
 def readme_block(result: SuiteResult) -> dict[str, str]:

@@ -107,7 +107,7 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
             run_through_server(
                 server.url, request["graph"], {"document": warm_up, "roles": roles[:3]}, context, time.perf_counter()
             )  # fmt: skip  (the server loads the model here)
-            result["runs"], result["wall_s"] = _at_once(
+            result["runs"], result["wall_s"] = start_together(
                 lambda job, t: run_through_server(server.url, request["graph"], *job, t), jobs
             )
             result["rss_peak_bytes"] = status_bytes("VmHWM", server.process.pid)
@@ -115,7 +115,7 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
     graph = module.graph
     run_in_process(graph, {"document": warm_up, "roles": roles[:3]}, context, time.perf_counter())
     if mode == "at_once":
-        result["runs"], result["wall_s"] = _at_once(lambda job, t: run_in_process(graph, *job, t), jobs)
+        result["runs"], result["wall_s"] = start_together(lambda job, t: run_in_process(graph, *job, t), jobs)
     else:
         started = time.perf_counter()
         result["runs"] = [run_in_process(graph, *job, time.perf_counter()) for job in jobs]
@@ -124,8 +124,9 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _at_once(run, jobs: list) -> tuple[list[dict], float]:
-    """Every job started together (one thread each, released by one barrier); their results and the wall time."""
+def start_together(run, jobs: list) -> tuple[list[dict], float]:
+    """Every job started together (one thread each, released by one barrier): ``run(job, started)`` for each, with
+    ``started`` the moment the barrier released them; their results and the wall time."""
     barrier = threading.Barrier(len(jobs) + 1)
 
     def start(job):
