@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from benchmarks.studies.side_process import peak_rss_bytes
 
@@ -34,23 +35,37 @@ class LlamaServer:
     """A ``llama-server`` process for the length of a ``with`` block."""
 
     def __init__(
-        self, binary: Path, model_path: Path, *, slots: int, ctx_per_slot: int, threads: int, flash_attn: bool
+        self,
+        binary: Path,
+        model_path: Path,
+        *,
+        slots: int,
+        ctx_per_slot: int,
+        threads: int,
+        flash_attn: bool,
+        cache_reuse: int = 0,
     ) -> None:
+        """``cache_reuse``: the smallest chunk (tokens) of a slot's cache the server may shift into place to reuse
+        it (``--cache-reuse``; 0: only a common prefix is reused)."""
         self.port = _free_port()
         self.command = [
             str(binary), "-m", str(model_path), "--host", "127.0.0.1", "--port", str(self.port),
             "--parallel", str(slots), "--kv-unified", "-c", str(slots * ctx_per_slot),
             "-t", str(threads), "-tb", str(threads), "--flash-attn", "on" if flash_attn else "off",
-            "--cache-prompt", "--no-webui",
+            "--cache-prompt", "--no-webui", *(["--cache-reuse", str(cache_reuse)] if cache_reuse else []),
         ]  # fmt: skip
         self.process: subprocess.Popen | None = None
+        self.log: IO[str] | None = None
 
     def __enter__(self) -> LlamaServer:
-        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # Its log goes to a file, never to a pipe: a server logs every request, and a pipe nobody reads fills and
+        # blocks the server mid-request (the peers run at fcca843 stalled 13 minutes on it).
+        self.log = tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=self.log, text=True)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                msg = f"llama-server exited with {self.process.returncode}: {self.process.stderr.read()[-2000:]}"
+                msg = f"llama-server exited with {self.process.returncode}: {self._log_tail()}"
                 raise RuntimeError(msg)
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as response:
@@ -70,6 +85,12 @@ class LlamaServer:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+        if self.log is not None:
+            self.log.close()
+
+    def _log_tail(self) -> str:
+        self.log.seek(0)
+        return self.log.read()[-2000:]
 
     def complete(self, input_ids: Sequence[int], tokens: int) -> dict[str, Any]:
         """One greedy completion of exactly ``tokens`` tokens; the server's JSON answer."""

@@ -70,15 +70,6 @@ class ServePeersOptions(ServeOptions):
         return self
 
 
-class _ReusingServer(LlamaServer):
-    """A :class:`LlamaServer` started with ``--cache-reuse`` (when above 0)."""
-
-    def __init__(self, *args, cache_reuse: int, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        if cache_reuse:
-            self.command += ["--cache-reuse", str(cache_reuse)]
-
-
 def _threads() -> int:
     import torch
 
@@ -110,7 +101,7 @@ def llama_server_at_once(options: ServePeersOptions, workflows: list[list[dict]]
             "prompt_tokens": replay["prompt_tokens"],
         }
 
-    with _ReusingServer(
+    with LlamaServer(
         options.llama_server, _gguf(options), slots=len(workflows),
         ctx_per_slot=_context_size(workflows, options.max_tokens), threads=_threads(), flash_attn=options.flash_attn,
         cache_reuse=options.cache_reuse,

@@ -58,7 +58,7 @@ def test_the_recorded_calls_are_each_workflows_own_in_the_graphs_order(tiny_mode
     assert len(workflows) == 2
     for calls in workflows:
         # planner, two specialists, critic, summarizer; every answer but the plan decodes exactly 3 tokens
-        assert [c["node"] for c in calls][0] == "planner" and len(calls) == 5
+        assert [c["node"] for c in calls] == ["planner", "specialist", "specialist", "critic", "summarizer"]
         assert [c["output_tokens"] for c in calls[1:]] == [3, 3, 3, 3]
     # each workflow's calls read its own document: the two share no call's prompt
     assert workflows[0][0]["input_ids"] != workflows[1][0]["input_ids"]
@@ -92,7 +92,7 @@ def test_the_server_replay_starts_every_workflow_together_and_counts_from_the_co
         servers.append(FakeServer())
         return servers[-1]
 
-    monkeypatch.setattr(serve_peers, "_ReusingServer", server)
+    monkeypatch.setattr(serve_peers, "LlamaServer", server)
     monkeypatch.setattr(serve_peers, "server_peak_rss_bytes", lambda _: 123)
     options = serve_peers.ServePeersOptions.model_construct(
         llama_server=Path("llama-server"), gguf=Path("m.gguf"), max_tokens=2, flash_attn=True, cache_reuse=256
