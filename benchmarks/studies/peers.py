@@ -17,9 +17,8 @@ de-quantises them (bf16, or int8/int4 with ``--weights``):
   context, on the first document, with a reset before every call (re-prefilling, as without prefix reuse);
 - **llama-server** (llama.cpp's own server, built from the same sources, :mod:`benchmarks.studies.llama_server`),
   unified KV cache and prompt cache: with 1 slot, the review (the specialists sent at once queue over the one
-  context that keeps the document) and the many-agent decode; with 15 slots, the many-agent decode with the
-  document in every slot first. Its 15-slot review is not run: each slot prefills the document again, which
-  measured 9-13x slower than 1 slot (commit 6b2e276), so it is not the server's best configuration.
+  context that keeps the document) and the many-agent decode, the slot holding the document first. 15 slots are
+  not run: each slot prefills the document again, which made them 9-13x slower than 1 slot (:data:`SERVER_SLOTS`).
 
 Besides the review's wall and per-stage time: time to first token cold and warm, single-stream and
 15-agent decode speed, prefill speed, peak RSS and the KV bytes each holds for the document.
@@ -48,7 +47,7 @@ from benchmarks.studies.peers_writer import (
     winners_lines,
     write_peers,
 )
-from benchmarks.studies.side_process import run_side
+from benchmarks.studies.side_process import run_side_kept
 from benchmarks.studies.workflows import LANGGRAPH_JSON
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress, SuiteResult
@@ -80,6 +79,9 @@ class PeersOptions(SuiteOptions):
     """Texts for the compression peer (bytes and PPL of transformers' QuantizedCache vs the presets); 0: skip."""
     graphs: Path = LANGGRAPH_JSON
     """The langgraph.json that lists graphs/document_review.py."""
+    keep_in: Path | None = None
+    """A folder where each side process's result is kept as it finishes, so that a run stopped part way starts
+    again where it stopped (at the same commit, with no uncommitted changes); default: kept nowhere."""
     weights: list[str] = Field(default=["native"], min_length=1)
     """How our model stores its weights (native, int8, int4), one set of our rows each (repeatable); llama.cpp
     replays the calls of the first. The winners table compares the defaults (native, eager), fixed in advance."""
@@ -163,7 +165,9 @@ def _ours(options: PeersOptions, context: int, texts: list[str], roles: list[str
             "weights": weights, "compiled": compiled, "graphs": str(options.graphs), "max_tokens": options.max_tokens,
             "roles": roles, "context": context, "texts": texts,
         }  # fmt: skip
-        result = run_side(OURS_SIDE, request, what=f"our run ({method})", timeout_s=SIDE_TIMEOUT_S)
+        result = run_side_kept(
+            OURS_SIDE, request, keep_in=options.keep_in, what=f"our run ({method})", timeout_s=SIDE_TIMEOUT_S
+        )
         first = first or result
         samples = {**review_samples(result["reviews"]), **probe_samples(result["probes"])}
         rows.append(
@@ -192,7 +196,13 @@ def _llama_cpp(options: PeersOptions, context: int, replays: list, probe_ids: li
             "model_path": str(path), "n_ctx": n_ctx, "threads": _threads(), "flash_attn": flash,
             "reset_every_call": False, "reviews": replays, "probes": probes,
         }  # fmt: skip
-        result = run_side(LLAMACPP_SIDE, request, what=f"the llama.cpp run ({method})", timeout_s=SIDE_TIMEOUT_S)
+        result = run_side_kept(
+            LLAMACPP_SIDE,
+            request,
+            keep_in=options.keep_in,
+            what=f"the llama.cpp run ({method})",
+            timeout_s=SIDE_TIMEOUT_S,
+        )
         samples = {**review_samples(result["reviews"]), **probe_samples(result["probes"])}
         samples["kv_bytes"] = samples["kv_bytes_resident"] = [p["state_bytes"] for p in result["probes"]]
         rows.append(
@@ -207,7 +217,13 @@ def _llama_cpp(options: PeersOptions, context: int, replays: list, probe_ids: li
             "model_path": str(embedded_model_file()), "n_ctx": n_ctx, "threads": _threads(), "flash_attn": False,
             "reset_every_call": True, "reviews": replays[:1], "probes": [],
         }  # fmt: skip
-        result = run_side(LLAMACPP_SIDE, request, what=f"the llama.cpp run ({method})", timeout_s=SIDE_TIMEOUT_S)
+        result = run_side_kept(
+            LLAMACPP_SIDE,
+            request,
+            keep_in=options.keep_in,
+            what=f"the llama.cpp run ({method})",
+            timeout_s=SIDE_TIMEOUT_S,
+        )
         rows.append(
             engine_row(context, method, review_samples(result["reviews"]), **_review_extra(result["reviews"]),
                        rss_peak_bytes=result["rss_peak_bytes"], gguf_format="Q4_1")
@@ -215,9 +231,16 @@ def _llama_cpp(options: PeersOptions, context: int, replays: list, probe_ids: li
     return rows
 
 
+SERVER_SLOTS = 1
+"""llama-server's configuration for this workload: one slot, which keeps the document for every call. With 15
+slots each slot prefills the document again: their review measured 9-13x slower than 1 slot (commit 6b2e276),
+and their 15-agent decode, even with the document put into every slot first, re-evaluated it in 13 of 15 slots
+and took 499 s for 15 x 32 tokens at 4,096 tokens (the server's log in the run at fcca843)."""
+
+
 def _llama_server(options: PeersOptions, context: int, replays: list, probe_ids: list, progress: Progress) -> list:
-    """llama-server's rows at ``context``: 1 slot (the review and the many-agent decode) and 15 slots (the
-    many-agent decode, every slot holding the document first)."""
+    """llama-server's row at ``context``: one slot (:data:`SERVER_SLOTS`), the review and the many-agent decode, the
+    slot holding the document before the decode is timed."""
     from benchmarks.studies.llama_server import (
         LlamaServer,
         aggregate_decode,
@@ -228,32 +251,26 @@ def _llama_server(options: PeersOptions, context: int, replays: list, probe_ids:
     from polykv_agents.model.loading import embedded_model_file
 
     n_ctx = max(len(c["input_ids"]) for replay in replays for c in replay) + options.max_tokens + 64
-    rows = []
-    for slots in (1, AGENTS):
-        method = f"llama-server (Q4_1), {slots} slot{'s' if slots > 1 else ''}, prompt cache"
-        progress(f"context {context}: {method}")
-        with LlamaServer(options.llama_server, embedded_model_file(), slots=slots, ctx_per_slot=n_ctx,
-                         threads=_threads(), flash_attn=True) as server:  # fmt: skip
-            server.complete(replays[0][0]["input_ids"][:64], 2)  # warm-up
-            reviews = [replay_review(server, replay) for replay in replays] if slots == 1 else []
-            aggregates = []
-            for ids in probe_ids:
-                warm_slots(server, ids["document_ids"], slots)
-                aggregates.append(aggregate_decode(server, ids["agent_prompts"], options.max_tokens))
-            rss_peak = server_peak_rss_bytes(server)
-        samples = {**review_samples(reviews), "decode_tok_s_15": [a["decode_tok_s_15"] for a in aggregates]}
-        extra = _review_extra(reviews) if reviews else {}
-        if reviews:
-            extra |= {"prompt_tokens_evaluated": reviews[0]["prompt_tokens_evaluated"],
-                      "prompt_tokens": reviews[0]["prompt_tokens"]}  # fmt: skip
-        else:
-            samples = {"decode_tok_s_15": samples["decode_tok_s_15"]}
-        rows.append(
-            engine_row(context, method, samples, rss_peak_bytes=rss_peak, slots_warmed=True, gguf_format="Q4_1",
-                       aggregate_prompt_tokens_evaluated=[a["aggregate_prompt_tokens_evaluated"] for a in aggregates],
-                       **extra)
-        )  # fmt: skip
-    return rows
+    method = "llama-server (Q4_1), 1 slot, prompt cache"
+    progress(f"context {context}: {method}")
+    with LlamaServer(options.llama_server, embedded_model_file(), slots=SERVER_SLOTS, ctx_per_slot=n_ctx,
+                     threads=_threads(), flash_attn=True) as server:  # fmt: skip
+        server.complete(replays[0][0]["input_ids"][:64], 2)  # warm-up
+        reviews = [replay_review(server, replay) for replay in replays]
+        aggregates = []
+        for ids in probe_ids:
+            warm_slots(server, ids["document_ids"], SERVER_SLOTS)
+            aggregates.append(aggregate_decode(server, ids["agent_prompts"], options.max_tokens))
+        rss_peak = server_peak_rss_bytes(server)
+    samples = {**review_samples(reviews), "decode_tok_s_15": [a["decode_tok_s_15"] for a in aggregates]}
+    first = reviews[0]
+    row = engine_row(
+        context, method, samples, **_review_extra(reviews), prompt_tokens_evaluated=first["prompt_tokens_evaluated"],
+        prompt_tokens=first["prompt_tokens"], rss_peak_bytes=rss_peak, slots_warmed=True,
+        gguf_format="Q4_1",
+        aggregate_prompt_tokens_evaluated=[a["aggregate_prompt_tokens_evaluated"] for a in aggregates],
+    )  # fmt: skip
+    return [row]
 
 
 def _threads() -> int:

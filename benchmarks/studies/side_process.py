@@ -10,6 +10,7 @@ the child finds it through ``PYTHONPATH`` (a script's own path starts at its fol
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -60,6 +61,26 @@ def run_side(
         if done.returncode != 0:
             raise SideProcessError(what, done.returncode, done.stderr)
         return json.loads(result_path.read_text())
+
+
+def run_side_kept(script: Path, request: dict[str, Any], *, keep_in: Path | None, **kwargs: Any) -> dict[str, Any]:
+    """:func:`run_side`, its result kept in the folder ``keep_in`` (``None``: kept nowhere), so that a long study
+    stopped part way (a session's end, a crash) starts again where it stopped: a side process that finished before,
+    with the same script, request and commit, is not run again. A checkout with uncommitted changes keeps nothing:
+    its results could not name the code that made them."""
+    from polykv_agents.bench.provenance import source_commit
+
+    source = source_commit()
+    if keep_in is None or source is None or source.dirty:
+        return run_side(script, request, **kwargs)
+    key = hashlib.sha256(json.dumps([script.name, source.commit, request], sort_keys=True).encode()).hexdigest()
+    kept = keep_in / f"{script.stem}-{key[:16]}.json"
+    if kept.exists():
+        return json.loads(kept.read_text())
+    result = run_side(script, request, **kwargs)
+    keep_in.mkdir(parents=True, exist_ok=True)
+    kept.write_text(json.dumps(result))
+    return result
 
 
 def _status_kib(field: str, pid: int | None = None) -> int:
