@@ -178,6 +178,12 @@ def _ours(options: PeersOptions, context: int, texts: list[str], roles: list[str
     return rows, first["replays"], first["probe_ids"]
 
 
+def _llamacpp_side(options: PeersOptions, request: dict[str, Any], method: str) -> dict[str, Any]:
+    """One llama.cpp side process (kept in ``options.keep_in``); its result."""
+    what = f"the llama.cpp run ({method})"
+    return run_side_kept(LLAMACPP_SIDE, request, keep_in=options.keep_in, what=what, timeout_s=SIDE_TIMEOUT_S)
+
+
 def _llama_cpp(options: PeersOptions, context: int, replays: list, probe_ids: list, progress: Progress) -> list:
     """llama.cpp's rows at ``context``: each file format and flash setting in a fresh process."""
     from polykv_agents.model.loading import embedded_model_file
@@ -196,13 +202,7 @@ def _llama_cpp(options: PeersOptions, context: int, replays: list, probe_ids: li
             "model_path": str(path), "n_ctx": n_ctx, "threads": _threads(), "flash_attn": flash,
             "reset_every_call": False, "reviews": replays, "probes": probes,
         }  # fmt: skip
-        result = run_side_kept(
-            LLAMACPP_SIDE,
-            request,
-            keep_in=options.keep_in,
-            what=f"the llama.cpp run ({method})",
-            timeout_s=SIDE_TIMEOUT_S,
-        )
+        result = _llamacpp_side(options, request, method)
         samples = {**review_samples(result["reviews"]), **probe_samples(result["probes"])}
         samples["kv_bytes"] = samples["kv_bytes_resident"] = [p["state_bytes"] for p in result["probes"]]
         rows.append(
@@ -217,13 +217,7 @@ def _llama_cpp(options: PeersOptions, context: int, replays: list, probe_ids: li
             "model_path": str(embedded_model_file()), "n_ctx": n_ctx, "threads": _threads(), "flash_attn": False,
             "reset_every_call": True, "reviews": replays[:1], "probes": [],
         }  # fmt: skip
-        result = run_side_kept(
-            LLAMACPP_SIDE,
-            request,
-            keep_in=options.keep_in,
-            what=f"the llama.cpp run ({method})",
-            timeout_s=SIDE_TIMEOUT_S,
-        )
+        result = _llamacpp_side(options, request, method)
         rows.append(
             engine_row(context, method, review_samples(result["reviews"]), **_review_extra(result["reviews"]),
                        rss_peak_bytes=result["rss_peak_bytes"], gguf_format="Q4_1")
