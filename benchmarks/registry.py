@@ -24,6 +24,7 @@ from benchmarks.studies import (
     ray_scale_out,
     reuse,
     serve_peers,
+    serve_time,
     step_profile,
     weights,
 )
@@ -33,7 +34,8 @@ from polykv_agents.bench.suite import Suite
 
 _MODULES = (
     memory, quality, tasks, speed, dtypes, weights, compiled, step_profile, admission, reuse, blocks, ablation,
-    frontier, peer, agents, graph_e2e, peers, serve, serve_peers, load_soak, grammar_overhead, ray_scale_out,
+    frontier, peer, agents, graph_e2e, peers, serve, serve_peers, serve_time, load_soak, grammar_overhead,
+    ray_scale_out,
 )  # fmt: skip
 SUITES: dict[str, Suite] = {module.SUITE.name: module.SUITE for module in _MODULES}
 """Suite name -> suite (a documented registry: filled once, here, never changed at run time)."""

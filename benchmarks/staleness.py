@@ -66,6 +66,13 @@ SUITE_SOURCES: dict[str, tuple[str, ...]] = {
         "benchmarks/studies/recording.py",
         "benchmarks/studies/side_process.py",
     ),
+    "serve_time": (
+        *_GRAPH,
+        "polykv_agents/bench/serve*.py",
+        "benchmarks/studies/serve_time*.py",
+        "benchmarks/studies/compute_timeline.py",
+        "benchmarks/studies/side_process.py",
+    ),
     "load_soak": (*_GRAPH, "benchmarks/studies/load*.py", "benchmarks/studies/soak.py"),
     "grammar_overhead": (*_GRAPH, "benchmarks/studies/grammar_overhead.py"),
     "ray_scale_out": (*_GRAPH, "polykv_agents/distributed/**", "benchmarks/studies/ray_scale_out.py"),
