@@ -61,7 +61,8 @@ SUITE_SOURCES: dict[str, tuple[str, ...]] = {
     "serve_peers": (
         *_GRAPH,
         "polykv_agents/bench/serve*.py",
-        "benchmarks/studies/serve*.py",
+        "benchmarks/studies/serve_peers.py",
+        "benchmarks/studies/serve_record_side.py",
         "benchmarks/studies/llama*.py",
         "benchmarks/studies/recording.py",
         "benchmarks/studies/side_process.py",
