@@ -25,9 +25,20 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/tiny_models.py
 
+from native_kernels import require_native_kernel
 from tiny_models import tiny_llama, tiny_tokenizer
 
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+@pytest.fixture(params=["native kernel", "pytorch"])
+def attention_path(request, monkeypatch):
+    """Run a test through the native grouped-attention kernel and through the PyTorch path it falls back to."""
+    if request.param == "pytorch":
+        monkeypatch.setenv("POLYKV_AGENTS_KERNELS", "0")
+    else:
+        require_native_kernel("grouped_attention")
+    return request.param
 
 
 @pytest.fixture(scope="session")

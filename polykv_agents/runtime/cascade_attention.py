@@ -42,6 +42,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from polykv_agents.runtime.grouped_attention import KernelGroup, grouped_attention, kernel_takes
 from polykv_agents.runtime.packed_step import PackedCascade
 from polykv_agents.runtime.shared_prefix import SharedPrefix
 
@@ -95,6 +96,18 @@ class CascadeContext:
         self.past_lengths = past_lengths
         self.starts = torch.zeros_like(past_lengths) if starts is None else starts
         self._masks: dict[tuple, torch.Tensor] = {}
+
+    def kernel_group(
+        self, query: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor], suffix: tuple[torch.Tensor, torch.Tensor]
+    ) -> KernelGroup:
+        """This context's rows as a group of the native kernel: ``query [B, H, q, D]``, the layer's ``prefix`` and
+        ``suffix`` keys and values."""
+        batch, heads, q_len, head_dim = query.shape
+        starts = self._cached(("kernel starts",), lambda: self.starts.to(torch.int64).contiguous())
+        past = self._cached(("kernel past",), lambda: self.past_lengths.to(torch.int64).contiguous())
+        flat = query.transpose(0, 1).reshape(heads, batch * q_len, head_dim)  # [H, B*q, D], (row, token) order
+        prefix = tuple(t.to(query.dtype) for t in prefix)  # a no-op: a prefix is kept in the model's dtype
+        return KernelGroup(flat, *prefix, *suffix, starts, past, q_len)
 
     def _cached(self, key: tuple, build: Callable[[], torch.Tensor | None]) -> torch.Tensor | None:
         # Every layer of one forward asks for the same masks: build each once per forward.
@@ -316,6 +329,9 @@ def cascade_attention_forward(
     prefix_keys, prefix_values = cascade.prefix.layer(module.layer_idx)  # [1, KVH, T, D]
     kv_heads = prefix_keys.shape[1]
     groups = heads // kv_heads
+    if kernel_takes(query, key, batch * q_len * groups, kwargs):
+        group = cascade.kernel_group(query, (prefix_keys, prefix_values), (key, value))
+        return grouped_attention([group], scaling).view(batch, q_len, heads, head_dim), None
     # A compiled decode step (one query per row) fuses attention written as reductions; see _attend_reduced.
     compiled_decode = q_len == 1 and torch.compiler.is_compiling()
     if compiled_decode:
@@ -362,14 +378,28 @@ def cascade_attention_forward(
 
 def _packed_attention(module, query, packed: PackedCascade, scaling, base: str, kwargs) -> torch.Tensor:
     """Cascade attention of each group of a packed forward (``query [1, H, B + A*c, D]``), each over its own
-    context and the keys this layer just wrote to its suffix cache; ``[1, B + A*c, H, D]`` in sequence order."""
+    context and the keys this layer just wrote to its suffix cache; ``[1, B + A*c, H, D]`` in sequence order.
+
+    The groups the native kernel takes (:func:`~polykv_agents.runtime.grouped_attention.kernel_takes`, decided
+    per group) go to it in one call; the others run :func:`cascade_attention_forward` one by one."""
+    check_attention_kwargs(kwargs)
     written = packed.cache.layers[module.layer_idx].attended
-    groups = zip(packed.split(query), packed.groups, written, strict=True)
-    outputs = [
-        cascade_attention_forward(module, q, k, v, None, scaling=scaling, cascade=group.context, base=base, **kwargs)[0]
-        for q, group, (k, v) in groups
-    ]
-    return packed.join(outputs)
+    heads, head_dim = query.shape[1], query.shape[-1]
+    scaling = scaling if scaling is not None else head_dim**-0.5
+    outputs: list[torch.Tensor | None] = []  # per group [rows*width, H, D]; None: the kernel's
+    native: list[KernelGroup] = []
+    for q, group, (k, v) in zip(packed.split(query), packed.groups, written, strict=True):
+        if kernel_takes(q, k, group.rows * group.width * (heads // k.shape[1]), kwargs):
+            native.append(group.context.kernel_group(q, group.context.prefix.layer(module.layer_idx), (k, v)))
+            outputs.append(None)
+        else:
+            out = cascade_attention_forward(module, q, k, v, None, scaling=scaling, cascade=group.context, base=base,
+                                            **kwargs)[0]  # fmt: skip
+            outputs.append(out.reshape(-1, heads, head_dim))
+    if native:
+        from_kernel = iter(grouped_attention(native, scaling).split([g.query.shape[1] for g in native]))
+        outputs = [next(from_kernel) if out is None else out for out in outputs]
+    return torch.cat(outputs).unsqueeze(0)
 
 
 def _base_attention(base: str, module: torch.nn.Module) -> Callable:

@@ -55,8 +55,8 @@ class PackedGroup:
 class PackedCascade:
     """The cascade context of a packed forward: its groups in the order of the flat sequence.
 
-    Passed as the model's ``cascade`` keyword; cascade attention then runs once per group and
-    :meth:`join` puts the groups' outputs back in sequence order.
+    Passed as the model's ``cascade`` keyword; cascade attention then runs for each group (in one native call
+    where it can: :mod:`.grouped_attention`) and puts the groups' outputs back in sequence order.
     """
 
     def __init__(self, groups: list[PackedGroup]) -> None:
@@ -71,10 +71,6 @@ class PackedCascade:
         """``[1, X, B + A*c, D]`` -> per group ``[rows, X, width, D]`` (queries, keys or values)."""
         parts = flat.split([group.tokens for group in self.groups], dim=2)
         return [group.unflatten(part) for group, part in zip(self.groups, parts, strict=True)]
-
-    def join(self, outputs: list[torch.Tensor]) -> torch.Tensor:
-        """Per group ``[rows, width, H, D]`` (attention outputs) -> ``[1, B + A*c, H, D]``."""
-        return torch.cat([out.reshape(1, -1, *out.shape[2:]) for out in outputs], dim=1)
 
     def kept_positions(self) -> torch.Tensor:
         """Indices into the flat sequence of each group's rows' last tokens (the logits the step needs)."""

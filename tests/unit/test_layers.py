@@ -22,7 +22,8 @@ ALLOWED: dict[str, set[str]] = {
     "sampling": set(),
     "prompting": {"sampling"},  # tool-call grammars
     "pool": {"codecs", "config", "model", "prompting"},
-    "runtime": {"model", "pool", "sampling"},
+    "kernels": set(),  # native kernels and their build: no other room
+    "runtime": {"kernels", "model", "pool", "sampling"},
     "engine": {"model", "pool", "runtime"},
     "agent": {"engine", "model", "pool", "prompting", "runtime", "sampling"},
     "chat": {"config", "engine", "model", "pool", "prompting", "runtime", "sampling"},

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from native_kernels import require_native_kernel
 from tiny_models import tiny_sensitive_llama
 
 from polykv_agents import SharedKVPool
@@ -18,9 +19,13 @@ from polykv_agents.runtime.suffix_cache import SuffixCache
 DOC = "The quick brown fox jumps over the lazy dog. " * 10
 
 
-@pytest.fixture(params=["fused", "unfused"])
+@pytest.fixture(params=["native", "fused", "unfused"])
 def kernel(request, monkeypatch):
-    """Run a test through PyTorch's fused CPU kernel and through the portable matmul path."""
+    """Run a test through the native grouped kernel, PyTorch's fused CPU kernel and the portable matmul path."""
+    if request.param == "native":
+        require_native_kernel("grouped_attention")
+        return request.param
+    monkeypatch.setenv("POLYKV_AGENTS_KERNELS", "0")
     if request.param == "unfused":
         monkeypatch.setattr(cascade_attention, "_CPU_FLASH", None)
     elif cascade_attention._CPU_FLASH is None:

@@ -108,7 +108,7 @@ def _check_together(model, tok, pools, **kwargs) -> ModelSteps:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_calls_over_three_pools_share_forwards_and_decode_exactly_their_tokens_alone(family, tiny_tok):
+def test_calls_over_three_pools_share_forwards_and_decode_exactly_their_tokens_alone(family, tiny_tok, attention_path):
     model = tiny_causal_lm(family)
     _check_together(model, tiny_tok, _pools(model, tiny_tok))
 

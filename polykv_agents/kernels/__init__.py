@@ -1,0 +1,67 @@
+"""Native CPU kernels, compiled on first use with torch's ``cpp_extension`` (g++ and ninja), each with a pure-PyTorch
+path that is used wherever the kernel cannot be built or is switched off.
+
+``grouped_attention``: cascade attention for several groups of rows in one call. A step that serves several pools
+(:mod:`polykv_agents.runtime.model_steps`) has one group per pool; in PyTorch each group costs about 170 small
+operations per layer (the prefix part, the suffix part, the log-sum-exp merge, their masks and casts), and the
+fused CPU attention kernel, made for long query blocks, is slow for the few queries per kv head a decode step has
+(``python -m benchmarks serve_time`` and ``profile`` measured both). The kernel reads each group's prefix once
+per kv head for all of that group's queries, in chunks spread over the threads, and merges each query's parts in
+a fixed order, so a row's result does not depend on which other groups share its step.
+
+Set ``POLYKV_AGENTS_KERNELS=0`` to use the PyTorch path only. The first use builds the kernel once into torch's
+extension cache (``TORCH_EXTENSIONS_DIR``, by default under the user's cache directory): about 30 s on 2 cores,
+announced on the ``polykv_agents`` logger; a build that fails is logged once and the PyTorch path is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from types import ModuleType
+
+logger = logging.getLogger(__name__)
+
+SWITCH = "POLYKV_AGENTS_KERNELS"
+"""Environment variable: ``0`` (or ``off``, ``false``) keeps every kernel off."""
+
+_SOURCES = Path(__file__).parent
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno"]
+
+_lock = threading.Lock()
+_loaded: dict[str, ModuleType | None] = {}
+
+
+def kernels_enabled() -> bool:
+    """Whether native kernels may be used (``POLYKV_AGENTS_KERNELS`` is not ``0``/``off``/``false``)."""
+    return os.environ.get(SWITCH, "1").strip().lower() not in {"0", "off", "false", "no"}
+
+
+def _build(name: str) -> ModuleType | None:
+    try:
+        from torch.utils.cpp_extension import load, verify_ninja_availability
+
+        verify_ninja_availability()
+    except Exception as e:  # no ninja, or a torch without cpp_extension: the PyTorch path serves
+        logger.warning("native kernel %r not available (%s); using the PyTorch path", name, e)
+        return None
+    logger.info("building the native kernel %r once (about 30 s; cached for later runs)", name)
+    try:
+        return load(f"polykv_{name}", [str(_SOURCES / f"{name}.cpp")], extra_cflags=_FLAGS, verbose=False)
+    except Exception as e:  # no compiler, or one that rejects the flags: the PyTorch path serves
+        logger.warning("native kernel %r failed to build (%s); using the PyTorch path", name, e)
+        return None
+
+
+def native_kernel(name: str) -> ModuleType | None:
+    """The compiled module of the kernel ``name`` (``polykv_agents/kernels/<name>.cpp``), built on first use;
+    ``None`` where kernels are switched off or it cannot be built (then the caller's PyTorch path serves)."""
+    if not kernels_enabled():
+        return None
+    if name not in _loaded:
+        with _lock:
+            if name not in _loaded:
+                _loaded[name] = _build(name)
+    return _loaded[name]

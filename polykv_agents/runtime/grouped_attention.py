@@ -1,0 +1,77 @@
+"""Cascade attention of several groups in one native call (:mod:`polykv_agents.kernels`), where it applies.
+
+A group is one :class:`~polykv_agents.runtime.cascade_attention.CascadeContext`'s rows: ``rows`` rows of
+``width`` query tokens over one shared prefix and the rows' own suffixes. A step over one pool has one or two
+groups (running rows, an admission chunk); a step shared by several pools has one or two per pool. The kernel
+computes what :func:`~polykv_agents.runtime.cascade_attention.cascade_attention_forward` computes for each
+group (same masks, same log-sum-exp merge, float32 sums) in one call per layer, so a group's cost no longer
+includes ~170 small PyTorch operations.
+
+Which groups it takes is decided per group, from that group alone (:func:`kernel_takes`), so a row is computed
+the same way whether its pool steps alone or beside others: greedy tokens stay identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from polykv_agents.kernels import native_kernel
+
+KERNEL_MAX_QUERIES = 48
+"""Queries per kv head (rows x width x query heads per kv head) up to which a group goes to the kernel. Above it,
+PyTorch's fused kernel, one matrix product per key block, is faster: at 16 rows x 3 heads over 2,048 keys the
+two are even (``benchmarks/probes/grouped_attention.py``), and an admission chunk of 128 tokens is far past it."""
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class KernelGroup:
+    """One group's inputs: ``query [H, rows*width, D]`` in (row, token) order, ``prefix`` keys/values
+    ``[1, KVH, T, D]``, ``suffix`` keys/values ``[rows, KVH, S, D]`` (after this step's write), and per row
+    ``starts`` (left padding) and ``past`` (slots filled before this step)."""
+
+    query: torch.Tensor
+    prefix_keys: torch.Tensor
+    prefix_values: torch.Tensor
+    suffix_keys: torch.Tensor
+    suffix_values: torch.Tensor
+    starts: torch.Tensor
+    past: torch.Tensor
+    width: int
+
+
+def kernel_takes(query: torch.Tensor, keys: torch.Tensor, queries_per_kv_head: int, kwargs: dict) -> bool:
+    """Whether a group of ``queries_per_kv_head`` queries with suffix ``keys`` goes to the kernel: on CPU, in
+    inference, in a dtype it has, with no sliding window or soft-capping (those run in PyTorch), outside
+    ``torch.compile``, and where the kernel is built."""
+    return (
+        queries_per_kv_head <= KERNEL_MAX_QUERIES
+        and query.device.type == "cpu"
+        and query.dtype in KERNEL_DTYPES
+        and keys.dtype == query.dtype
+        and not query.requires_grad
+        and kwargs.get("sliding_window") is None
+        and kwargs.get("softcap") is None
+        and not torch.compiler.is_compiling()
+        and native_kernel("grouped_attention") is not None
+    )
+
+
+def grouped_attention(groups: list[KernelGroup], scaling: float) -> torch.Tensor:
+    """``[sum of rows*width, H, D]``: each group's attention output, groups in order, in the query's dtype."""
+    kernel = native_kernel("grouped_attention")
+    query = groups[0].query if len(groups) == 1 else torch.cat([g.query for g in groups], dim=1)
+    return kernel.grouped_attention(
+        query,
+        float(scaling),
+        [g.prefix_keys[0] for g in groups],
+        [g.prefix_values[0] for g in groups],
+        [g.suffix_keys for g in groups],
+        [g.suffix_values for g in groups],
+        [g.starts for g in groups],
+        [g.past for g in groups],
+        [g.width for g in groups],
+    )
