@@ -25,6 +25,7 @@ from benchmarks.studies import (
     reuse,
     serve_peers,
     serve_time,
+    shared_step_profile,
     step_profile,
     weights,
 )
@@ -33,9 +34,9 @@ from polykv_agents.bench.registry import SUITES as PACKAGE_SUITES
 from polykv_agents.bench.suite import Suite
 
 _MODULES = (
-    memory, quality, tasks, speed, dtypes, weights, compiled, step_profile, admission, reuse, blocks, ablation,
-    frontier, peer, agents, graph_e2e, peers, serve, serve_peers, serve_time, load_soak, grammar_overhead,
-    ray_scale_out,
+    memory, quality, tasks, speed, dtypes, weights, compiled, step_profile, shared_step_profile, admission, reuse,
+    blocks, ablation, frontier, peer, agents, graph_e2e, peers, serve, serve_peers, serve_time, load_soak,
+    grammar_overhead, ray_scale_out,
 )  # fmt: skip
 SUITES: dict[str, Suite] = {module.SUITE.name: module.SUITE for module in _MODULES}
 """Suite name -> suite (a documented registry: filled once, here, never changed at run time)."""

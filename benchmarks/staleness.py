@@ -25,8 +25,8 @@ from polykv_agents.bench.provenance import Provenance
 _CORE = ("polykv_agents/codecs/**", "polykv_agents/pool/**", "polykv_agents/config.py")
 """The compression itself: every suite measures it."""
 _RUNTIME = (
-    *_CORE, "polykv_agents/runtime/**", "polykv_agents/model/**", "polykv_agents/sampling/**",
-    "polykv_agents/agent.py", "polykv_agents/engine*.py",
+    *_CORE, "polykv_agents/runtime/**", "polykv_agents/kernels/**", "polykv_agents/model/**",
+    "polykv_agents/sampling/**", "polykv_agents/agent.py", "polykv_agents/engine*.py",
 )  # fmt: skip
 """Decoding: what timings and generated answers depend on."""
 _GRAPH = (*_RUNTIME, "polykv_agents/chat/**", "polykv_agents/graph/**", "polykv_agents/prompting/**", "graphs/**")
@@ -42,6 +42,12 @@ SUITE_SOURCES: dict[str, tuple[str, ...]] = {
     "weights": (*_RUNTIME, "benchmarks/studies/weights.py"),
     "compile": (*_RUNTIME, "benchmarks/studies/compiled.py"),
     "profile": (*_RUNTIME, "benchmarks/studies/step_profile.py"),
+    "shared_step_profile": (
+        *_RUNTIME,
+        "benchmarks/studies/shared_step_profile.py",
+        "benchmarks/studies/step_profile.py",
+        "benchmarks/studies/crew.py",
+    ),
     "admission": (*_RUNTIME, "benchmarks/studies/admission.py"),
     "reuse": (*_RUNTIME, "benchmarks/studies/reuse.py"),
     "blocks": (*_GRAPH, "benchmarks/studies/blocks.py"),

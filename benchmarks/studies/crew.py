@@ -16,10 +16,19 @@ def pool_and_roles(
 ) -> tuple[SharedKVPool, list[tuple[str, str]]]:
     """A pool of the first ``context_tokens`` tokens of a pydoc_data.topics document, and ``agents`` roles
     (system prompt, question)."""
-    (document,) = pydoc_documents(1, chars_per_document=8 * context_tokens)
-    ids = tokenizer(document, return_tensors="pt").input_ids[0][:context_tokens]
-    pool = run_on_compute_thread(SharedKVPool.prefill_tokens, model, tokenizer, ids)
+    (pool,) = pydoc_pools(model, tokenizer, context_tokens, 1)
     return pool, role_prompts(agents)
+
+
+def pydoc_pools(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, context_tokens: int, count: int
+) -> list[SharedKVPool]:
+    """Pools of the first ``context_tokens`` tokens of ``count`` distinct pydoc_data.topics documents."""
+    pools = []
+    for document in pydoc_documents(count, chars_per_document=8 * context_tokens):
+        ids = tokenizer(document, return_tensors="pt").input_ids[0][:context_tokens]
+        pools.append(run_on_compute_thread(SharedKVPool.prefill_tokens, model, tokenizer, ids))
+    return pools
 
 
 def pooled_agents(pool, model, tokenizer, roles: list[tuple[str, str]], engine) -> list[PooledAgent]:

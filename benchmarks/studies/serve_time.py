@@ -84,16 +84,25 @@ def _kind(time: dict[str, Any], kind: str) -> dict[str, float]:
     return time["kinds"].get(kind, {"seconds": 0.0, "jobs": 0, "prompt_tokens": 0, "sampled_tokens": 0})
 
 
+def prefill_seconds(time: dict[str, Any]) -> float:
+    """Seconds of document work and prompt steps together: work whose cost grows with the tokens it reads, not
+    shared between pools."""
+    return document_seconds(time) + _kind(time, "prompt steps")["seconds"]
+
+
+def _per(count: float, whole: float) -> float:
+    return count / whole if whole else 0.0
+
+
 def shares(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Per (N, mode): the share of wall time in document work and prompt steps together (work whose cost grows
-    with the tokens it reads, not shared between pools), and the decode steps' sampled tokens per second."""
+    """Per (N, mode): the share of wall time in :func:`prefill_seconds`, and the decode steps' sampled tokens per
+    second."""
     summary = {}
     for row in rows:
         time, key = row["time"], f"{row['mode']}_{row['workflows']}"
-        prefill = document_seconds(time) + _kind(time, "prompt steps")["seconds"]
         decode = _kind(time, "decode steps")
-        summary[f"{key}_prefill_share"] = prefill / time["wall_s"]
-        summary[f"{key}_decode_tok_s"] = decode["sampled_tokens"] / decode["seconds"] if decode["seconds"] else 0.0
+        summary[f"{key}_prefill_share"] = prefill_seconds(time) / time["wall_s"]
+        summary[f"{key}_decode_tok_s"] = _per(decode["sampled_tokens"], decode["seconds"])
     return summary
 
 
@@ -153,10 +162,8 @@ def langgraph_block(result: SuiteResult) -> dict[str, str]:
         if row["mode"] != "at_once":
             continue
         time = row["time"]
-        prefill = document_seconds(time) + _kind(time, "prompt steps")["seconds"]
-        decode = _kind(time, "decode steps")
-        rate = decode["sampled_tokens"] / decode["seconds"] if decode["seconds"] else 0.0
-        per_step = decode["sampled_tokens"] / decode["jobs"] if decode["jobs"] else 0.0
+        prefill, decode = prefill_seconds(time), _kind(time, "decode steps")
+        rate, per_step = (_per(decode["sampled_tokens"], decode[whole]) for whole in ("seconds", "jobs"))
         lines.append(
             f"| {row['workflows']} | {row['wall_s']:.1f} s | {prefill:.1f} s ({prefill / row['wall_s']:.0%}) "
             f"| {decode['seconds']:.1f} s ({decode['seconds'] / row['wall_s']:.0%}) | {rate:,.0f} | {per_step:.1f} |"

@@ -75,18 +75,30 @@ class ProfileResult(BaseModel):
     rows: list[dict[str, Any]]
 
 
-def _step_breakdown(events: list[Any]) -> tuple[list[float], dict[str, float]]:
-    """``(each step's wall ms, self ms per operator summed over the steps)`` from the profiler's events."""
-    steps = [e for e in events if e.name == STEP_LABEL]
+def step_breakdown(events: list[Any], label: str = STEP_LABEL) -> tuple[list[float], dict[str, float], int]:
+    """``(each step's wall ms, self ms per operator summed over the steps, operator calls in all steps)`` from the
+    profiler's events, for the steps recorded under ``label``."""
+    steps = [e for e in events if e.name == label]
     operators: dict[str, float] = {}
+    calls = 0
     for step in steps:
         start, end = step.time_range.start, step.time_range.end
         for event in events:
             inside = start <= event.time_range.start and event.time_range.end <= end
-            if event is step or not inside or event.thread != step.thread or event.name == STEP_LABEL:
+            if event is step or not inside or event.thread != step.thread or event.name == label:
                 continue
             operators[event.name] = operators.get(event.name, 0.0) + event.self_cpu_time_total / 1000
-    return [s.cpu_time_total / 1000 for s in steps], operators
+            calls += 1
+    return [s.cpu_time_total / 1000 for s in steps], operators, calls
+
+
+def grouped_ms(per_step: dict[str, float], mean_step: float) -> dict[str, float]:
+    """Per step ms of each operator group, and ``outside operators``: the step's time no operator accounts for."""
+    groups: dict[str, float] = {}
+    for name, ms in per_step.items():
+        groups[operator_group(name)] = groups.get(operator_group(name), 0.0) + ms
+    groups["outside operators"] = mean_step - sum(per_step.values())
+    return groups
 
 
 def profile_rows(
@@ -119,17 +131,14 @@ def profile_rows(
             engine.schedulers.require_compiled()
     finally:
         engine.close()
-    step_ms, operators = _step_breakdown(list(profiler.events()))
+    step_ms, operators, _ = step_breakdown(list(profiler.events()))
     steps = len(step_ms)
     if steps == 0:
         msg = f"no {STEP_LABEL!r} range was recorded; the profiler saw no batched decode step"
         raise RuntimeError(msg)
     per_step = {name: ms / steps for name, ms in operators.items()}
     mean_step = statistics.fmean(step_ms)
-    groups: dict[str, float] = {}
-    for name, ms in per_step.items():
-        groups[operator_group(name)] = groups.get(operator_group(name), 0.0) + ms
-    groups["outside operators"] = mean_step - sum(per_step.values())
+    groups = grouped_ms(per_step, mean_step)
     top = sorted(per_step.items(), key=lambda item: -item[1])[:TOP_OPERATORS]
     return {
         "steps": steps,

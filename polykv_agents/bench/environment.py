@@ -12,6 +12,7 @@ import torch
 import transformers
 
 from polykv_agents.bench.provenance import Provenance
+from polykv_agents.kernels import native_kernel
 
 
 def _cpu_name() -> str:
@@ -38,6 +39,9 @@ class RunInfo(Provenance):
     model: str
     dtype: str
     date: str
+    native_kernels: bool | None = None
+    """Whether the native attention kernel served: a CPU model, the kernel built and not switched off by
+    ``POLYKV_AGENTS_KERNELS=0``; ``None``: recorded before the kernel existed."""
 
     @classmethod
     def collect(cls, model) -> RunInfo:
@@ -53,6 +57,7 @@ class RunInfo(Provenance):
             model=str(getattr(model.config, "name_or_path", "") or type(model).__name__).split("/")[-1],
             dtype=str(model.dtype).removeprefix("torch."),
             date=datetime.date.today().isoformat(),
+            native_kernels=model.device.type == "cpu" and native_kernel("grouped_attention") is not None,
             **Provenance.of_this_process().model_dump(),
         )
 
@@ -67,4 +72,9 @@ class RunInfo(Provenance):
         """The two sentences that open a Markdown caption: the machine and software, then the model and dtype."""
         threads = f"{self.torch_threads} torch thread{'s' if self.torch_threads != 1 else ''}"
         machine = f"Machine: {self.machine}, {self.cpu}, {threads}, torch {self.torch}."
-        return f"{machine} Model: {self.model} ({self.dtype}). {self.commit_sentence()}"
+        return f"{machine} Model: {self.model} ({self.dtype}).{self._kernels_sentence()} {self.commit_sentence()}"
+
+    def _kernels_sentence(self) -> str:
+        if self.native_kernels is None:
+            return ""  # recorded before the native kernel existed
+        return " Native attention kernel: " + ("on." if self.native_kernels else "off (the PyTorch path).")

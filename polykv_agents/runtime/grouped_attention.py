@@ -26,6 +26,10 @@ two are even (``benchmarks/probes/grouped_attention.py``), and an admission chun
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
+PROFILE_LABEL = "polykv::grouped_attention"
+"""The ``torch.profiler`` range of one kernel call (a native call is no ATen operator: without it the profile
+would count its time as outside operators)."""
+
 
 @dataclass(frozen=True)
 class KernelGroup:
@@ -64,14 +68,15 @@ def grouped_attention(groups: list[KernelGroup], scaling: float) -> torch.Tensor
     """``[sum of rows*width, H, D]``: each group's attention output, groups in order, in the query's dtype."""
     kernel = native_kernel("grouped_attention")
     query = groups[0].query if len(groups) == 1 else torch.cat([g.query for g in groups], dim=1)
-    return kernel.grouped_attention(
-        query,
-        float(scaling),
-        [g.prefix_keys[0] for g in groups],
-        [g.prefix_values[0] for g in groups],
-        [g.suffix_keys for g in groups],
-        [g.suffix_values for g in groups],
-        [g.starts for g in groups],
-        [g.past for g in groups],
-        [g.width for g in groups],
-    )
+    with torch.profiler.record_function(PROFILE_LABEL):
+        return kernel.grouped_attention(
+            query,
+            float(scaling),
+            [g.prefix_keys[0] for g in groups],
+            [g.prefix_values[0] for g in groups],
+            [g.suffix_keys for g in groups],
+            [g.suffix_values for g in groups],
+            [g.starts for g in groups],
+            [g.past for g in groups],
+            [g.width for g in groups],
+        )

@@ -32,7 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "eval": {"config", "model", "pool", "sampling"},
     "handle": {"pool"},  # the checkpoints' import path of PoolHandle
     # The suites of a user's own deployment; the studies of chat, graph and Ray runs are the repository's.
-    "bench": {"agent", "config", "engine", "eval", "graph", "model", "pool", "runtime", "sampling"},
+    "bench": {"agent", "config", "engine", "eval", "graph", "kernels", "model", "pool", "runtime", "sampling"},
 }
 """Room -> rooms it may import. ``cli`` and the package root may import any room."""
 
