@@ -11,7 +11,8 @@ a fixed order, so a row's result does not depend on which other groups share its
 
 Set ``POLYKV_AGENTS_KERNELS=0`` to use the PyTorch path only. The first use builds the kernel once into torch's
 extension cache (``TORCH_EXTENSIONS_DIR``, by default under the user's cache directory): about 30 s on 2 cores,
-announced on the ``polykv_agents`` logger; a build that fails is logged once and the PyTorch path is used.
+announced as a warning on the ``polykv_agents.kernels`` logger while it runs; a build that fails is logged once
+and the PyTorch path is used.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ SWITCH = "POLYKV_AGENTS_KERNELS"
 _SOURCES = Path(__file__).parent
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno"]
 
+BUILD_NOTICE_SECONDS = 3.0
+"""A kernel's load that takes longer than this is a build: it is then announced on the logger (once)."""
+_BUILDING = "building the native kernel %r once (about 30 s on 2 cores; cached for later runs)"
+
 _lock = threading.Lock()
 _loaded: dict[str, ModuleType | None] = {}
 
@@ -47,12 +52,18 @@ def _build(name: str) -> ModuleType | None:
     except Exception as e:  # no ninja, or a torch without cpp_extension: the PyTorch path serves
         logger.warning("native kernel %r not available (%s); using the PyTorch path", name, e)
         return None
-    logger.info("building the native kernel %r once (about 30 s; cached for later runs)", name)
+    # Loading a kernel built before takes well under a second; only a build (the first use, or new sources) is
+    # announced, once it is clearly under way, so that a first call's wait is explained.
+    notice = threading.Timer(BUILD_NOTICE_SECONDS, logger.warning, (_BUILDING, name))
+    notice.daemon = True
+    notice.start()
     try:
         return load(f"polykv_{name}", [str(_SOURCES / f"{name}.cpp")], extra_cflags=_FLAGS, verbose=False)
     except Exception as e:  # no compiler, or one that rejects the flags: the PyTorch path serves
         logger.warning("native kernel %r failed to build (%s); using the PyTorch path", name, e)
         return None
+    finally:
+        notice.cancel()
 
 
 def native_kernel(name: str) -> ModuleType | None:

@@ -19,10 +19,13 @@ import torch
 
 from polykv_agents.kernels import native_kernel
 
-KERNEL_MAX_QUERIES = 48
-"""Queries per kv head (rows x width x query heads per kv head) up to which a group goes to the kernel. Above it,
-PyTorch's fused kernel, one matrix product per key block, is faster: at 16 rows x 3 heads over 2,048 keys the
-two are even (``benchmarks/probes/grouped_attention.py``), and an admission chunk of 128 tokens is far past it."""
+KERNEL_MAX_QUERIES = 24
+"""Queries per kv head (rows x width x query heads per kv head) up to which a group goes to the kernel: 8 rows of
+SmolLM2 (3 query heads per kv head). Beyond it PyTorch's fused kernel, one matrix product per key block for all
+the queries, catches up: one layer over 2,048 keys took about as long either way at 12 and 16 rows, 1.2x less
+with the kernel at 8 rows and 1.8-2x less at 2 to 4 (``benchmarks/probes/grouped_attention.py``), and in a whole
+step of 16 rows over one pool the fused kernel was ahead (``python -m benchmarks shared_step_profile`` at 895e863).
+An admission chunk of 128 tokens is far past it."""
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

@@ -147,3 +147,29 @@ def test_a_kernel_that_cannot_build_says_so_once_and_the_pytorch_path_serves(mon
     assert [r.getMessage() for r in caplog.records] == [
         "native kernel 'grouped_attention' failed to build (g++: not found); using the PyTorch path"
     ]
+
+
+def test_a_build_is_announced_while_it_runs_and_a_cached_load_says_nothing(monkeypatch, caplog):
+    import time
+
+    import torch.utils.cpp_extension as cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "verify_ninja_availability", lambda: None)
+    monkeypatch.setattr(kernels, "BUILD_NOTICE_SECONDS", 0.05)
+    with caplog.at_level(logging.WARNING, logger=kernels.__name__):
+        monkeypatch.setattr(cpp_extension, "load", lambda *a, **k: "cached")
+        monkeypatch.setattr(kernels, "_loaded", {})
+        assert kernels.native_kernel("grouped_attention") == "cached"
+        time.sleep(0.1)  # a notice that was not cancelled would fire now
+        assert caplog.records == []
+
+        def slow_build(*args, **kwargs):
+            time.sleep(0.3)
+            return "built"
+
+        monkeypatch.setattr(cpp_extension, "load", slow_build)
+        monkeypatch.setattr(kernels, "_loaded", {})
+        assert kernels.native_kernel("grouped_attention") == "built"
+    assert [r.getMessage() for r in caplog.records] == [
+        "building the native kernel 'grouped_attention' once (about 30 s on 2 cores; cached for later runs)"
+    ]
