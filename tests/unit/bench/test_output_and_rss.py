@@ -60,4 +60,7 @@ def test_a_caption_opens_with_the_machine_then_the_model(tiny_model, threads, sa
     info = RunInfo.collect(tiny_model).model_copy(update={"torch_threads": threads, "dtype": "bfloat16"})
     opening = info.machine_and_model()
     assert opening.startswith(f"Machine: {info.machine}, {info.cpu}, {said} torch {info.torch}. Model: ")
-    assert opening.endswith(f"Model: {info.model} (bfloat16). {info.commit_sentence()}")
+    assert opening.endswith(f"Model: {info.model} (bfloat16).{info._kernels_sentence()} {info.commit_sentence()}")
+    kernel_said = {True: " Native attention kernel: on.", False: " Native attention kernel: off (the PyTorch path).",
+                   None: ""}[info.native_kernels]  # fmt: skip
+    assert info._kernels_sentence() == kernel_said
