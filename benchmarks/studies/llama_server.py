@@ -44,13 +44,17 @@ class LlamaServer:
         threads: int,
         flash_attn: bool,
         cache_reuse: int = 0,
+        unified_kv: bool = True,
     ) -> None:
         """``cache_reuse``: the smallest chunk (tokens) of a slot's cache the server may shift into place to reuse
-        it (``--cache-reuse``; 0: only a common prefix is reused)."""
+        it (``--cache-reuse``; 0: only a common prefix is reused). ``unified_kv``: one KV buffer shared by all
+        slots (``--kv-unified``); otherwise each slot has ``ctx_per_slot`` cells of its own
+        (``--no-kv-unified``)."""
         self.port = _free_port()
         self.command = [
             str(binary), "-m", str(model_path), "--host", "127.0.0.1", "--port", str(self.port),
-            "--parallel", str(slots), "--kv-unified", "-c", str(slots * ctx_per_slot),
+            "--parallel", str(slots), "--kv-unified" if unified_kv else "--no-kv-unified",
+            "-c", str(slots * ctx_per_slot),
             "-t", str(threads), "-tb", str(threads), "--flash-attn", "on" if flash_attn else "off",
             "--cache-prompt", "--no-webui", *(["--cache-reuse", str(cache_reuse)] if cache_reuse else []),
         ]  # fmt: skip
@@ -92,8 +96,10 @@ class LlamaServer:
         self.log.seek(0)
         return self.log.read()[-2000:]
 
-    def complete(self, input_ids: Sequence[int], tokens: int) -> dict[str, Any]:
-        """One greedy completion of exactly ``tokens`` tokens; the server's JSON answer."""
+    def complete(self, input_ids: Sequence[int], tokens: int, slot: int | None = None) -> dict[str, Any]:
+        """One greedy completion of exactly ``tokens`` tokens; the server's JSON answer. ``slot``: the slot that
+        must serve it (``id_slot``; the server holds the request until that slot is free); default: any idle
+        slot, the one whose cache shares most with the prompt."""
         body = {
             "prompt": list(input_ids),
             "n_predict": tokens,
@@ -101,6 +107,7 @@ class LlamaServer:
             "temperature": 0.0,
             "top_k": 1,
             "cache_prompt": True,
+            **({} if slot is None else {"id_slot": slot}),
         }
         request = urllib.request.Request(
             f"http://127.0.0.1:{self.port}/completion",
@@ -111,8 +118,9 @@ class LlamaServer:
             return json.loads(response.read())
 
 
-def replay_review(server: LlamaServer, calls: list[dict]) -> dict[str, Any]:
-    """The review's calls stage by stage: each stage's calls sent at once (the specialists in parallel)."""
+def replay_review(server: LlamaServer, calls: list[dict], slot: int | None = None) -> dict[str, Any]:
+    """The review's calls stage by stage: each stage's calls sent at once (the specialists in parallel), all to
+    ``slot`` if one is given (:meth:`LlamaServer.complete`)."""
     stages: dict[str, list[dict]] = {}
     for call in calls:
         stages.setdefault(call["node"], []).append(call)
@@ -122,7 +130,7 @@ def replay_review(server: LlamaServer, calls: list[dict]) -> dict[str, Any]:
     for node, group in stages.items():
         begun = time.perf_counter()
         with ThreadPoolExecutor(max_workers=len(group)) as pool:
-            answers = list(pool.map(lambda c: server.complete(c["input_ids"], c["output_tokens"]), group))
+            answers = list(pool.map(lambda c: server.complete(c["input_ids"], c["output_tokens"], slot), group))
         stage_s[node] = time.perf_counter() - begun
         evaluated += sum(a["timings"]["prompt_n"] for a in answers)
         if any(a["timings"]["predicted_n"] != c["output_tokens"] for a, c in zip(answers, group, strict=True)):

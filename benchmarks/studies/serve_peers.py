@@ -7,9 +7,12 @@ workflows read, recorded over the same documents, roles and run context
 (:mod:`benchmarks.studies.serve_record_side`); every call decodes greedily as many tokens as ours did
 (``ignore_eos``), with the same threads and the same GGUF file:
 
-- **llama-server, N slots** (:mod:`benchmarks.studies.llama_server`): one slot per workflow, its unified KV
-  cache, its prompt cache and ``--cache-reuse``; the N workflows started together, each sending its calls stage
-  by stage (its specialists at once), as N LangGraph clients of an OpenAI-compatible server would;
+- **llama-server, N slots** (:mod:`benchmarks.studies.llama_server`): one slot per workflow, each with a KV
+  cache of its own and every call of its workflow (``id_slot``), its prompt cache and ``--cache-reuse``; the N
+  workflows started together, each sending its calls stage by stage (its specialists at once, queued on its
+  slot), as N LangGraph clients of an OpenAI-compatible server would. ``--no-pin-slots`` gives the
+  configuration measured up to a297176 (any idle slot, one unified KV cache), where at N = 8 each workflow's
+  calls evaluated 45% of their prompt tokens again (slots taking calls over other documents);
 - **llama.cpp, one after another** (:mod:`benchmarks.studies.llamacpp_side`, llama-cpp-python): the N workflows
   in turn over one context, its prefix reuse keeping the document between a workflow's calls.
 
@@ -61,6 +64,10 @@ class ServePeersOptions(ServeOptions):
     """llama.cpp's flash attention, on both peers."""
     cache_reuse: int = Field(default=256, ge=0)
     """llama-server's ``--cache-reuse`` (the smallest chunk of a slot's cache it shifts into place; 0: off)."""
+    pin_slots: bool = True
+    """llama-server: each workflow's calls go to its own slot (``id_slot``), each slot with a KV cache of its own
+    (``--no-kv-unified``), so a slot keeps its workflow's document and attends to it alone. Off: any idle slot
+    takes any call, over one unified KV cache (``--kv-unified``)."""
 
     @model_validator(mode="after")
     def _needs_the_server(self) -> ServePeersOptions:
@@ -91,8 +98,9 @@ def llama_server_at_once(options: ServePeersOptions, workflows: list[list[dict]]
     """The workflows started together on a llama-server with one slot each: per workflow its latency (from the
     common start) and output tokens, and what the server's prompt cache left it to evaluate."""
 
-    def replayed(calls: list[dict], started: float) -> dict[str, Any]:
-        replay = replay_review(server, calls)
+    def replayed(job: tuple[int, list[dict]], started: float) -> dict[str, Any]:
+        slot, calls = job
+        replay = replay_review(server, calls, slot if options.pin_slots else None)
         return {
             "latency_s": time.perf_counter() - started,
             "ttft_s": None,
@@ -104,10 +112,10 @@ def llama_server_at_once(options: ServePeersOptions, workflows: list[list[dict]]
     with LlamaServer(
         options.llama_server, _gguf(options), slots=len(workflows),
         ctx_per_slot=_context_size(workflows, options.max_tokens), threads=_threads(), flash_attn=options.flash_attn,
-        cache_reuse=options.cache_reuse,
+        cache_reuse=options.cache_reuse, unified_kv=not options.pin_slots,
     ) as server:  # fmt: skip
         server.complete(workflows[0][0]["input_ids"][:64], 2)  # warm-up: first passes and allocations
-        runs, wall = start_together(replayed, workflows)
+        runs, wall = start_together(replayed, list(enumerate(workflows)))
         return {"runs": runs, "wall_s": wall, "rss_peak_bytes": server_peak_rss_bytes(server)}
 
 
@@ -140,7 +148,8 @@ def run_serve_peers(options: ServePeersOptions, progress: Progress = lambda _: N
         rows.append(summary_row(workflows, "llamacpp_one_after_another", measured))
     settings = {
         **ours.settings, "gguf": _gguf(options).name, "flash_attn": options.flash_attn,
-        "cache_reuse": options.cache_reuse, "llama_cpp_python": version("llama-cpp-python"), "threads": _threads(),
+        "cache_reuse": options.cache_reuse, "pin_slots": options.pin_slots,
+        "llama_cpp_python": version("llama-cpp-python"), "threads": _threads(),
     }  # fmt: skip
     return SuiteResult(
         suite="serve_peers", info=ours.info, settings=settings, rows=rows, summary=ours.summary | versus_peers(rows)
@@ -158,6 +167,16 @@ def versus_peers(rows: list[dict[str, Any]]) -> dict[str, float]:
     return summary
 
 
+def _slots_said(settings: dict[str, Any]) -> str:
+    """How the server's slots were used; runs before ``pin_slots`` existed used one unified KV cache, unpinned."""
+    if settings.get("pin_slots", False):
+        return (
+            "each with a KV cache of its own (`--no-kv-unified`) and every call of its workflow (`id_slot`; a "
+            "workflow's specialists queue on its slot, which keeps its document)"
+        )
+    return "`--kv-unified`, any idle slot taking any call"
+
+
 def peers_note(result: SuiteResult) -> str:
     settings = result.settings
     return (
@@ -165,9 +184,10 @@ def peers_note(result: SuiteResult) -> str:
         f"roles and run context), each call decoding as many tokens as ours did; llama.cpp "
         f"(llama-cpp-python {settings['llama_cpp_python']} and llama-server from the same sources) reads "
         f"`{settings['gguf']}` with {settings['threads']} threads, flash attention "
-        f"{'on' if settings['flash_attn'] else 'off'}. llama-server: one slot per workflow, `--kv-unified`, prompt "
-        f"cache, `--cache-reuse {settings['cache_reuse']}`, the N workflows started together, each sending its calls "
-        "stage by stage (its specialists at once). llama.cpp: the N workflows one after another over one context, "
+        f"{'on' if settings['flash_attn'] else 'off'}. llama-server: one slot per workflow, "
+        f"{_slots_said(settings)}, prompt cache, `--cache-reuse {settings['cache_reuse']}`, the N workflows started "
+        "together, each sending its calls stage by stage (its specialists at once). llama.cpp: the N workflows one "
+        "after another over one context, "
         "its prefix reuse keeping the document between a workflow's calls. The peers do not stream (no TTFT); each "
         "peak RSS is that engine's own process."
     )

@@ -65,11 +65,13 @@ def test_the_recorded_calls_are_each_workflows_own_in_the_graphs_order(tiny_mode
 
 
 class FakeServer:
-    """Stands in for llama-server: records when each workflow's first call arrived."""
+    """Stands in for llama-server: records when each call arrived, and the slot it named with its first token."""
 
     def __init__(self, *args, **kwargs) -> None:
         self.command = ["llama-server"]
-        self.first_calls: list[float] = []
+        self.kwargs = kwargs
+        self.arrivals: list[float] = []
+        self.slots: list[tuple[int | None, int]] = []
         self.lock = threading.Lock()
 
     def __enter__(self) -> FakeServer:
@@ -78,32 +80,59 @@ class FakeServer:
     def __exit__(self, *exc) -> None:
         pass
 
-    def complete(self, input_ids, tokens):
+    def complete(self, input_ids, tokens, slot=None):
         with self.lock:
-            self.first_calls.append(time.perf_counter())
+            self.arrivals.append(time.perf_counter())
+            self.slots.append((slot, input_ids[0]))
         time.sleep(0.05)
         return {"timings": {"prompt_n": 1, "predicted_n": tokens}}
 
 
-def test_the_server_replay_starts_every_workflow_together_and_counts_from_the_common_start(monkeypatch):
+def _fake_servers(monkeypatch) -> list[FakeServer]:
     servers: list[FakeServer] = []
 
     def server(*args, **kwargs):
-        servers.append(FakeServer())
+        servers.append(FakeServer(*args, **kwargs))
         return servers[-1]
 
     monkeypatch.setattr(serve_peers, "LlamaServer", server)
     monkeypatch.setattr(serve_peers, "server_peak_rss_bytes", lambda _: 123)
-    options = serve_peers.ServePeersOptions.model_construct(
-        llama_server=Path("llama-server"), gguf=Path("m.gguf"), max_tokens=2, flash_attn=True, cache_reuse=256
-    )
+    return servers
+
+
+def _options(**changes) -> serve_peers.ServePeersOptions:
+    return serve_peers.ServePeersOptions.model_construct(
+        llama_server=Path("llama-server"), gguf=Path("m.gguf"), max_tokens=2, flash_attn=True, cache_reuse=256,
+        **changes,
+    )  # fmt: skip
+
+
+def test_the_server_replay_starts_every_workflow_together_and_counts_from_the_common_start(monkeypatch):
+    servers, options = _fake_servers(monkeypatch), _options()
     workflows = [[{"node": "planner", "input_ids": [1, 2], "output_tokens": 2}] for _ in range(3)]
     measured = serve_peers.llama_server_at_once(options, workflows)
     assert measured["rss_peak_bytes"] == 123 and len(measured["runs"]) == 3
     # the warm-up, then the three workflows' calls within a moment of each other (not one after another)
-    arrivals = servers[0].first_calls[1:]
+    arrivals = servers[0].arrivals[1:]
     assert max(arrivals) - min(arrivals) < 0.04
     assert all(r["output_tokens"] == 2 and 0.05 <= r["latency_s"] <= measured["wall_s"] for r in measured["runs"])
+
+
+@pytest.mark.parametrize("pin_slots", [True, False])
+def test_each_workflow_keeps_its_own_slot_unless_told_otherwise(monkeypatch, pin_slots):
+    servers = _fake_servers(monkeypatch)
+    workflows = [
+        [{"node": "specialist", "input_ids": [100 + w, 1], "output_tokens": 1} for _ in range(3)] for w in range(4)
+    ]
+    serve_peers.llama_server_at_once(_options(pin_slots=pin_slots), workflows)
+    server = servers[0]
+    assert server.kwargs["slots"] == 4 and server.kwargs["unified_kv"] is not pin_slots
+    calls = server.slots[1:]  # after the warm-up
+    assert len(calls) == 12
+    if pin_slots:  # workflow w (its calls open with token 100 + w) always on slot w: its document stays there
+        assert sorted(set(calls)) == [(w, 100 + w) for w in range(4)]
+    else:
+        assert {slot for slot, _ in calls} == {None}
 
 
 def test_the_table_compares_ours_at_once_with_each_peer_at_the_same_n(tmp_path):
