@@ -7,12 +7,16 @@ workflows read, recorded over the same documents, roles and run context
 (:mod:`benchmarks.studies.serve_record_side`); every call decodes greedily as many tokens as ours did
 (``ignore_eos``), with the same threads and the same GGUF file:
 
-- **llama-server, N slots** (:mod:`benchmarks.studies.llama_server`): one slot per workflow, each with a KV
-  cache of its own and every call of its workflow (``id_slot``), its prompt cache and ``--cache-reuse``; the N
-  workflows started together, each sending its calls stage by stage (its specialists at once, queued on its
-  slot), as N LangGraph clients of an OpenAI-compatible server would. ``--no-pin-slots`` gives the
-  configuration measured up to a297176 (any idle slot, one unified KV cache), where at N = 8 each workflow's
-  calls evaluated 45% of their prompt tokens again (slots taking calls over other documents);
+- **llama-server, N slots** (:mod:`benchmarks.studies.llama_server`): one slot per workflow, which serves every
+  call of its workflow (``id_slot``) and so keeps its document, each slot with a KV cache of its own
+  (``--no-kv-unified``), its prompt cache and ``--cache-reuse``; the N workflows started together, each sending
+  its calls stage by stage (its specialists at once, queued on its slot), as N LangGraph clients of an
+  OpenAI-compatible server would. ``--no-pin-slots --unified-kv`` gives the configuration measured up to
+  a297176, where at N = 8 each workflow's calls evaluated 45% of their prompt tokens again (slots taking calls
+  over other documents). Pinned slots over one unified cache did worse still (8 slots, each given its own
+  2,048-token document, then 8 pinned completions of 32 tokens at once: each evaluated its whole document
+  again, 5.3 tok/s aggregate, against 68 tok/s and 2-3 prompt tokens each with a cache per slot; 2026-12-06,
+  this machine type, llama.cpp of llama-cpp-python 0.3.36, F16);
 - **llama.cpp, one after another** (:mod:`benchmarks.studies.llamacpp_side`, llama-cpp-python): the N workflows
   in turn over one context, its prefix reuse keeping the document between a workflow's calls.
 
@@ -65,9 +69,11 @@ class ServePeersOptions(ServeOptions):
     cache_reuse: int = Field(default=256, ge=0)
     """llama-server's ``--cache-reuse`` (the smallest chunk of a slot's cache it shifts into place; 0: off)."""
     pin_slots: bool = True
-    """llama-server: each workflow's calls go to its own slot (``id_slot``), each slot with a KV cache of its own
-    (``--no-kv-unified``), so a slot keeps its workflow's document and attends to it alone. Off: any idle slot
-    takes any call, over one unified KV cache (``--kv-unified``)."""
+    """llama-server: each workflow's calls go to its own slot (``id_slot``), so a slot keeps its workflow's
+    document. Off: any idle slot takes any call."""
+    unified_kv: bool = False
+    """llama-server: one KV cache shared by the slots (``--kv-unified``); off (the default, measured faster
+    above), each slot has one of its own (``--no-kv-unified``)."""
 
     @model_validator(mode="after")
     def _needs_the_server(self) -> ServePeersOptions:
@@ -112,7 +118,7 @@ def llama_server_at_once(options: ServePeersOptions, workflows: list[list[dict]]
     with LlamaServer(
         options.llama_server, _gguf(options), slots=len(workflows),
         ctx_per_slot=_context_size(workflows, options.max_tokens), threads=_threads(), flash_attn=options.flash_attn,
-        cache_reuse=options.cache_reuse, unified_kv=not options.pin_slots,
+        cache_reuse=options.cache_reuse, unified_kv=options.unified_kv,
     ) as server:  # fmt: skip
         server.complete(workflows[0][0]["input_ids"][:64], 2)  # warm-up: first passes and allocations
         runs, wall = start_together(replayed, list(enumerate(workflows)))
@@ -149,6 +155,7 @@ def run_serve_peers(options: ServePeersOptions, progress: Progress = lambda _: N
     settings = {
         **ours.settings, "gguf": _gguf(options).name, "flash_attn": options.flash_attn,
         "cache_reuse": options.cache_reuse, "pin_slots": options.pin_slots,
+        "unified_kv": options.unified_kv,
         "llama_cpp_python": version("llama-cpp-python"), "threads": _threads(),
     }  # fmt: skip
     return SuiteResult(
@@ -168,13 +175,14 @@ def versus_peers(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def _slots_said(settings: dict[str, Any]) -> str:
-    """How the server's slots were used; runs before ``pin_slots`` existed used one unified KV cache, unpinned."""
+    """How the server's slots were used (runs from before these settings: one unified KV cache, unpinned)."""
+    kv = "`--kv-unified`" if settings.get("unified_kv", True) else "a KV cache per slot (`--no-kv-unified`)"
     if settings.get("pin_slots", False):
         return (
-            "each with a KV cache of its own (`--no-kv-unified`) and every call of its workflow (`id_slot`; a "
-            "workflow's specialists queue on its slot, which keeps its document)"
+            f"{kv}, every call of a workflow sent to its slot (`id_slot`; a workflow's specialists queue on its slot, "
+            "which keeps its document)"
         )
-    return "`--kv-unified`, any idle slot taking any call"
+    return f"{kv}, any idle slot taking any call"
 
 
 def peers_note(result: SuiteResult) -> str:

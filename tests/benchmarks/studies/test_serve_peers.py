@@ -118,15 +118,15 @@ def test_the_server_replay_starts_every_workflow_together_and_counts_from_the_co
     assert all(r["output_tokens"] == 2 and 0.05 <= r["latency_s"] <= measured["wall_s"] for r in measured["runs"])
 
 
-@pytest.mark.parametrize("pin_slots", [True, False])
-def test_each_workflow_keeps_its_own_slot_unless_told_otherwise(monkeypatch, pin_slots):
+@pytest.mark.parametrize(("pin_slots", "unified_kv"), [(True, True), (False, True), (True, False)])
+def test_each_workflow_keeps_its_own_slot_unless_told_otherwise(monkeypatch, pin_slots, unified_kv):
     servers = _fake_servers(monkeypatch)
     workflows = [
         [{"node": "specialist", "input_ids": [100 + w, 1], "output_tokens": 1} for _ in range(3)] for w in range(4)
     ]
-    serve_peers.llama_server_at_once(_options(pin_slots=pin_slots), workflows)
+    serve_peers.llama_server_at_once(_options(pin_slots=pin_slots, unified_kv=unified_kv), workflows)
     server = servers[0]
-    assert server.kwargs["slots"] == 4 and server.kwargs["unified_kv"] is not pin_slots
+    assert server.kwargs["slots"] == 4 and server.kwargs["unified_kv"] is unified_kv
     calls = server.slots[1:]  # after the warm-up
     assert len(calls) == 12
     if pin_slots:  # workflow w (its calls open with token 100 + w) always on slot w: its document stays there
@@ -146,6 +146,7 @@ def test_the_table_compares_ours_at_once_with_each_peer_at_the_same_n(tmp_path):
     assert names == ["serve_peers.json", "serve_peers.md", "serve.json", "serve.md"]
     markdown = (tmp_path / "serve_peers.md").read_text()
     assert "| 2 | llama-server, N slots, at once |" in markdown and "`--cache-reuse 256`" in markdown
+    assert "`--kv-unified`, any idle slot taking any call" in markdown  # a run from before the slot settings
     ours = SuiteResult.load(tmp_path / "serve.json")
     assert {r["mode"] for r in ours.rows} == {"at_once", "one_after_another"}
 
