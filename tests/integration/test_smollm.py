@@ -108,19 +108,20 @@ def test_agents_answer_from_the_compressed_pool(smollm, compressed_pool):
 
 def test_in_bf16_the_pool_is_the_same_and_the_agent_still_answers(smollm, chat_document, compressed_pool):
     """What dtype="auto" gives on a CPU with native bf16. One digest for both dtypes; the bf16 model answers
-    from the pool it built itself as it answers from its own full cache (reading a pool built in another dtype
-    works too, at a measured cost in perplexity: docs/RESULTS.md)."""
+    from the pool it built itself as the model's own attention does over that pool decoded (reading a pool built in
+    another dtype works too, at a measured cost in perplexity: docs/RESULTS.md)."""
     model, tokenizer = load_model(dtype="bfloat16")
     assert model.dtype is torch.bfloat16 and model is not smollm[0]
     pool = SharedKVPool.prefill(model, tokenizer, chat_document)
     assert pool.digest == compressed_pool.digest and pool.fingerprint.dtype == "bfloat16"
     role = "You are the risk officer. Be brief and list items."
     answer = PooledAgent(pool, model, tokenizer, system_prompt=role).generate(QUESTION, max_new_tokens=24)
-    # The reference: the same bf16 model over its own full cache of the document (no pool, no cascade attention).
-    # In bf16 this 135M model's greedy answer turns on near-tied tokens: the full-cache reference itself names an
-    # "unforeseen consequences" risk first, as the batched runtime does with the native attention kernel, while
-    # PyTorch's fused attention happened to answer "Drought" (measured 2026-12-06; the fp32 tests above check the
-    # answer's content). What must hold is that the pool answers as the model does with its full cache.
+    # The reference: the private runtime, the same bf16 model's own attention over the pool decoded into a plain
+    # cache (no cascade attention, no native kernel). In bf16 this 135M model's greedy answer turns on near-tied
+    # tokens: the reference names an "unforeseen consequences" risk first, as the batched runtime does with the
+    # native attention kernel, while PyTorch's fused cascade attention happened to answer "Drought" (measured
+    # 2026-12-06; the fp32 tests above check the answer's content). What must hold is that the batched runtime
+    # answers as the model's own attention does over the same keys and values.
     reference = PooledAgent(pool, model, tokenizer, system_prompt=role, runtime="private")
     expected = reference.generate(QUESTION, max_new_tokens=24)
     assert answer.split()[:7] == expected.split()[:7], (answer, expected)
