@@ -36,9 +36,11 @@ class PooledAgent:
         tokenizer: Its tokenizer.
         system_prompt: The agent's role prompt, sent as a system message after the pool's prefix.
         name: A label for logs and reports.
-        runtime: ``decompressed`` (default) or ``compressed``: concurrent calls over this pool are
-            batched over one shared prefix, kept decoded or decoded per layer on the fly;
-            ``private``: the reference design, one decoded copy of the pool per call.
+        runtime: ``auto`` (default), ``decompressed`` or ``compressed``: concurrent calls over this pool are
+            batched over one shared prefix, kept decoded or only as the pool (read as stored by the native
+            kernel), ``auto`` picking the faster of the two for this model on this machine
+            (:mod:`~polykv_agents.runtime.residency`); ``private``: the reference design, one decoded copy of the
+            pool per call.
         engine: Where the batch schedulers live; ``None``: the process-wide default engine.
     """
 
@@ -50,7 +52,7 @@ class PooledAgent:
         *,
         system_prompt: str | None = None,
         name: str | None = None,
-        runtime: Runtime = "decompressed",
+        runtime: Runtime = "auto",
         engine: Engine | None = None,
     ) -> None:
         check_causal_lm(model)

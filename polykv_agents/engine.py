@@ -107,6 +107,7 @@ class Engine:
         spill = None if spill_dir is None else PoolStore(spill_dir)
         self.pools = PoolRegistry(max_bytes=max_pool_bytes, spill=spill, run_time=self.schedulers)
         self._backends: dict[str, Backend] = {
+            "auto": BatchedBackend(self.schedulers, "auto"),
             "decompressed": BatchedBackend(self.schedulers, "decompressed"),
             "compressed": BatchedBackend(self.schedulers, "compressed"),
             "private": PrivateBackend(),
@@ -127,7 +128,7 @@ class Engine:
         return self.models.load(name_or_path, dtype=dtype, device=device, weights=weights)
 
     def backend(self, runtime: Runtime) -> Backend:
-        """The backend named ``runtime`` (``decompressed``, ``compressed`` or ``private``)."""
+        """The backend named ``runtime`` (``auto``, ``decompressed``, ``compressed`` or ``private``)."""
         return self._backends[check_runtime(runtime)]
 
     def warm_up_decode(

@@ -188,7 +188,8 @@ class ChatPolyKV(BaseChatModel):
         weights: str
             ``"native"``, or weight-only ``"int8"`` / ``"int4"`` on the CPU (faster decode steps).
         runtime: str
-            ``"decompressed"`` (batched, default), ``"compressed"`` (batched, smallest) or ``"private"``.
+            ``"auto"`` (batched, default: the faster residency here), ``"decompressed"``, ``"compressed"``
+            (batched, only the pool resident) or ``"private"``.
         engine: Engine | None
             Where models, pools and schedulers live; ``None``: the process-wide default.
         timeout: float | None
@@ -358,9 +359,11 @@ class ChatPolyKV(BaseChatModel):
     """Whether one answer may hold several tool calls; ``bind_tools(parallel_tool_calls=...)`` overrides it.
     Off by default, as in llama.cpp's server: small models allowed several calls tend to repeat the first."""
 
-    runtime: Runtime = "decompressed"
-    """How pooled calls read the pool: batched over one shared prefix kept ``decompressed`` (fast) or
-    ``compressed`` (smallest), or ``private`` (one decoded copy per call, the reference design)."""
+    runtime: Runtime = "auto"
+    """How pooled calls read the pool: batched over one shared prefix kept ``decompressed`` or ``compressed`` (only
+    the pool resident, read as stored by the native kernel), ``auto`` for whichever of the two is faster for the
+    model on this machine (:mod:`~polykv_agents.runtime.residency`), or ``private`` (one decoded copy per call, the
+    reference design)."""
 
     timeout: float | None = Field(default=None, gt=0.0)
     """Seconds a call may run (waiting for a batch row included): past it, the call is cancelled, its row freed,

@@ -34,7 +34,10 @@ class PolyKVContext(BaseModel):
         default=None, description="Decode exactly max_tokens per answer, past end-of-sequence (equal work)."
     )
     runtime: Runtime | None = Field(
-        default=None, description="decompressed (fast), compressed (smallest) or private (one copy per call)."
+        default=None,
+        description=(
+            "auto (the faster residency here), decompressed, compressed (only the pool) or private (one copy per call)."
+        ),
     )
     weights: Weights | None = Field(default=None, description="native, int8 or int4 weight storage.")
     preset: str | None = Field(

@@ -139,7 +139,7 @@ class PrefetchDocument:
             resident=lambda: pools.digest_of(model, tokenizer, document, compression) in pools,
             origin=lambda built: pools.origin(built.digest),
         )
-        if chat.runtime == "decompressed":
+        if chat.runtime in ("auto", "decompressed"):
             # With the engine's compile_decode: compile the role calls' decode step here, once per model (later
             # runs skip it), so that no role call pays for it. Without it: nothing to do.
             self.engine.warm_up_decode(model, tokenizer, pool)

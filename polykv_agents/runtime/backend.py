@@ -2,7 +2,8 @@
 
 - :class:`BatchedBackend`: concurrent calls over one pool join that pool's batch scheduler
   (:mod:`~polykv_agents.runtime.scheduler`) and read ONE shared prefix through cascade attention; the
-  prefix is kept decoded (``decompressed``, fast) or decoded per layer on the fly (``compressed``, smallest).
+  prefix is kept decoded (``decompressed``) or only as the pool (``compressed``), or whichever is faster for the
+  model on this machine (``auto``, the default: :mod:`~polykv_agents.runtime.residency`).
 - :class:`PrivateBackend`: each call decodes the whole pool into a cache of its own (the reference design,
   a baseline for benchmarks; also what calls without a pool use).
 
@@ -21,14 +22,16 @@ from typing import Literal, Protocol, get_args
 from polykv_agents.model.architecture import unsupported_batched_attention
 from polykv_agents.runtime.private import private_tokens
 from polykv_agents.runtime.request import DecodeRequest
+from polykv_agents.runtime.residency import auto_residency
 from polykv_agents.runtime.scheduler_table import SchedulerTable
 from polykv_agents.runtime.shared_prefix import Residency
 
 logger = logging.getLogger(__name__)
 
-Runtime = Literal["decompressed", "compressed", "private"]
+Runtime = Literal["auto", "decompressed", "compressed", "private"]
 """A backend by name: ``decompressed`` / ``compressed`` are the batched backend with the prefix kept
-decoded or compressed; ``private`` is one decoded copy of the pool per call."""
+decoded or compressed, ``auto`` the batched backend with the faster of the two for the call's model and pool;
+``private`` is one decoded copy of the pool per call."""
 
 RUNTIMES: tuple[str, ...] = get_args(Runtime)
 
@@ -57,12 +60,13 @@ class BatchedBackend:
 
     Args:
         schedulers: The table of live schedulers (an engine's).
-        residency: Whether the shared prefix is kept ``decompressed`` or ``compressed``.
+        residency: Whether the shared prefix is kept ``decompressed`` or ``compressed``, or ``auto``: per call,
+            :func:`~polykv_agents.runtime.residency.auto_residency` for its model and pool.
     """
 
-    def __init__(self, schedulers: SchedulerTable, residency: Residency) -> None:
+    def __init__(self, schedulers: SchedulerTable, residency: Residency | Literal["auto"]) -> None:
         self.schedulers = schedulers
-        self.residency: Residency = residency
+        self.residency = residency
         self.name = residency
         # model -> why cascade attention cannot serve it (None: it can); asked once per model.
         self._verdicts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -73,7 +77,13 @@ class BatchedBackend:
             return private_tokens(request, budget)
         if self._unsupported(request.model) is not None:  # never served wrongly: the model's own attention
             return private_tokens(request, budget)
-        return self.schedulers.submit(request, self.residency, budget)
+        return self.schedulers.submit(request, self._residency(request), budget)
+
+    def _residency(self, request: DecodeRequest) -> Residency:
+        if self.residency != "auto":
+            return self.residency
+        compiled = self.schedulers.compile_decode is not False
+        return auto_residency(request.model, request.pool, compiled_steps=compiled)
 
     def _unsupported(self, model) -> str | None:
         with self._verdicts_lock:

@@ -98,16 +98,27 @@ class CascadeContext:
         self._masks: dict[tuple, torch.Tensor] = {}
 
     def kernel_group(
-        self, query: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor], suffix: tuple[torch.Tensor, torch.Tensor]
+        self, query: torch.Tensor, layer_idx: int, suffix: tuple[torch.Tensor, torch.Tensor]
     ) -> KernelGroup:
-        """This context's rows as a group of the native kernel: ``query [B, H, q, D]``, the layer's ``prefix`` and
-        ``suffix`` keys and values."""
+        """This context's rows as a group of the native kernel: ``query [B, H, q, D]``, the prefix of layer
+        ``layer_idx`` (as the pool stores it, where the prefix has that form) and the ``suffix`` keys and values."""
         batch, heads, q_len, head_dim = query.shape
         starts = self._cached(("kernel starts",), lambda: self.starts.to(torch.int64).contiguous())
         past = self._cached(("kernel past",), lambda: self.past_lengths.to(torch.int64).contiguous())
         flat = query.transpose(0, 1).reshape(heads, batch * q_len, head_dim)  # [H, B*q, D], (row, token) order
-        prefix = tuple(t.to(query.dtype) for t in prefix)  # a no-op: a prefix is kept in the model's dtype
+        stored = self.prefix.stored(layer_idx)
+        if stored is not None:
+            return KernelGroup(flat, None, None, *suffix, starts, past, q_len, stored)
+        prefix = tuple(t.to(query.dtype) for t in self.prefix.layer(layer_idx))  # a no-op: kept in the model's dtype
         return KernelGroup(flat, *prefix, *suffix, starts, past, q_len)
+
+    def kernel_takes(self, query: torch.Tensor, keys: torch.Tensor, layer_idx: int, kwargs: dict) -> bool:
+        """Whether this context's rows (``query [B, H, q, D]``, suffix ``keys [B, KVH, S, D]``) go to the native
+        kernel in layer ``layer_idx`` (:func:`~polykv_agents.runtime.grouped_attention.kernel_takes`)."""
+        batch, heads, q_len, _ = query.shape
+        queries_per_kv_head = batch * q_len * (heads // keys.shape[1])
+        stored = self.prefix.stored(layer_idx) is not None
+        return kernel_takes(query, keys, queries_per_kv_head, kwargs, stored=stored)
 
     def _cached(self, key: tuple, build: Callable[[], torch.Tensor | None]) -> torch.Tensor | None:
         # Every layer of one forward asks for the same masks: build each once per forward.
@@ -326,12 +337,12 @@ def cascade_attention_forward(
     window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
     batch, heads, q_len, head_dim = query.shape
     scaling = scaling if scaling is not None else head_dim**-0.5
+    if cascade.kernel_takes(query, key, module.layer_idx, kwargs):
+        group = cascade.kernel_group(query, module.layer_idx, (key, value))
+        return grouped_attention([group], scaling).view(batch, q_len, heads, head_dim), None
     prefix_keys, prefix_values = cascade.prefix.layer(module.layer_idx)  # [1, KVH, T, D]
     kv_heads = prefix_keys.shape[1]
     groups = heads // kv_heads
-    if kernel_takes(query, key, batch * q_len * groups, kwargs):
-        group = cascade.kernel_group(query, (prefix_keys, prefix_values), (key, value))
-        return grouped_attention([group], scaling).view(batch, q_len, heads, head_dim), None
     # A compiled decode step (one query per row) fuses attention written as reductions; see _attend_reduced.
     compiled_decode = q_len == 1 and torch.compiler.is_compiling()
     if compiled_decode:
@@ -389,8 +400,8 @@ def _packed_attention(module, query, packed: PackedCascade, scaling, base: str, 
     outputs: list[torch.Tensor | None] = []  # per group [rows*width, H, D]; None: the kernel's
     native: list[KernelGroup] = []
     for q, group, (k, v) in zip(packed.split(query), packed.groups, written, strict=True):
-        if kernel_takes(q, k, group.rows * group.width * (heads // k.shape[1]), kwargs):
-            native.append(group.context.kernel_group(q, group.context.prefix.layer(module.layer_idx), (k, v)))
+        if group.context.kernel_takes(q, k, module.layer_idx, kwargs):
+            native.append(group.context.kernel_group(q, module.layer_idx, (k, v)))
             outputs.append(None)
         else:
             out = cascade_attention_forward(module, q, k, v, None, scaling=scaling, cascade=group.context, base=base,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from polykv_agents.kernels import native_kernel
+from polykv_agents.runtime.stored_prefix import StoredLayer
 
 KERNEL_MAX_QUERIES = 24
 """Queries per kv head (rows x width x query heads per kv head) up to which a group goes to the kernel: 8 rows of
@@ -25,7 +26,8 @@ SmolLM2 (3 query heads per kv head). Beyond it PyTorch's fused kernel, one matri
 the queries, catches up: one layer over 2,048 keys took about as long either way at 12 and 16 rows, 1.2x less
 with the kernel at 8 rows and 1.8-2x less at 2 to 4 (``benchmarks/probes/grouped_attention.py``), and in a whole
 step of 16 rows over one pool the fused kernel was ahead (``python -m benchmarks shared_step_profile`` at 895e863).
-An admission chunk of 128 tokens is far past it."""
+An admission chunk of 128 tokens is far past it. A prefix kept as the pool stores it goes to the kernel at any
+count: the other way decodes the whole layer first."""
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -37,25 +39,29 @@ would count its time as outside operators)."""
 @dataclass(frozen=True)
 class KernelGroup:
     """One group's inputs: ``query [H, rows*width, D]`` in (row, token) order, ``prefix`` keys/values
-    ``[1, KVH, T, D]``, ``suffix`` keys/values ``[rows, KVH, S, D]`` (after this step's write), and per row
-    ``starts`` (left padding) and ``past`` (slots filled before this step)."""
+    ``[1, KVH, T, D]`` (``None`` with a ``stored`` prefix, read as the pool holds it), ``suffix`` keys/values
+    ``[rows, KVH, S, D]`` (after this step's write), and per row ``starts`` (left padding) and ``past`` (slots
+    filled before this step)."""
 
     query: torch.Tensor
-    prefix_keys: torch.Tensor
-    prefix_values: torch.Tensor
+    prefix_keys: torch.Tensor | None
+    prefix_values: torch.Tensor | None
     suffix_keys: torch.Tensor
     suffix_values: torch.Tensor
     starts: torch.Tensor
     past: torch.Tensor
     width: int
+    stored: StoredLayer | None = None
 
 
-def kernel_takes(query: torch.Tensor, keys: torch.Tensor, queries_per_kv_head: int, kwargs: dict) -> bool:
-    """Whether a group of ``queries_per_kv_head`` queries with suffix ``keys`` goes to the kernel: on CPU, in
-    inference, in a dtype it has, with no sliding window or soft-capping (those run in PyTorch), outside
-    ``torch.compile``, and where the kernel is built."""
+def kernel_takes(
+    query: torch.Tensor, keys: torch.Tensor, queries_per_kv_head: int, kwargs: dict, *, stored: bool = False
+) -> bool:
+    """Whether a group of ``queries_per_kv_head`` queries with suffix ``keys`` goes to the kernel (over a
+    ``stored`` prefix: at any count): on CPU, in inference, in a dtype it has, with no sliding window or
+    soft-capping (those run in PyTorch), outside ``torch.compile``, and where the kernel is built."""
     return (
-        queries_per_kv_head <= KERNEL_MAX_QUERIES
+        (stored or queries_per_kv_head <= KERNEL_MAX_QUERIES)
         and query.device.type == "cpu"
         and query.dtype in KERNEL_DTYPES
         and keys.dtype == query.dtype
@@ -67,19 +73,32 @@ def kernel_takes(query: torch.Tensor, keys: torch.Tensor, queries_per_kv_head: i
     )
 
 
-def grouped_attention(groups: list[KernelGroup], scaling: float) -> torch.Tensor:
-    """``[sum of rows*width, H, D]``: each group's attention output, groups in order, in the query's dtype."""
+def grouped_attention(groups: list[KernelGroup], scaling: float, *, tiles: bool = True) -> torch.Tensor:
+    """``[sum of rows*width, H, D]``: each group's attention output, groups in order, in the query's dtype.
+
+    ``tiles``: bfloat16 groups use AMX tile products where the CPU has them (:func:`tiles_available`); ``False``
+    keeps every group on the vector path."""
     kernel = native_kernel("grouped_attention")
     query = groups[0].query if len(groups) == 1 else torch.cat([g.query for g in groups], dim=1)
+    none = query.new_empty(0)  # a stored group's decoded prefix, which it has not
     with torch.profiler.record_function(PROFILE_LABEL):
         return kernel.grouped_attention(
             query,
             float(scaling),
-            [g.prefix_keys[0] for g in groups],
-            [g.prefix_values[0] for g in groups],
+            [none if g.stored else g.prefix_keys[0] for g in groups],
+            [none if g.stored else g.prefix_values[0] for g in groups],
             [g.suffix_keys for g in groups],
             [g.suffix_values for g in groups],
             [g.starts for g in groups],
             [g.past for g in groups],
             [g.width for g in groups],
+            [g.stored.kernel_tensors() if g.stored else [] for g in groups],
+            tiles,
         )
+
+
+def tiles_available() -> bool:
+    """Whether the kernel computes bfloat16 groups with AMX tiles here (built for a CPU with AMX, and granted by
+    the OS); ``False`` where the kernel is not built."""
+    kernel = native_kernel("grouped_attention")
+    return kernel is not None and kernel.tiles_available()

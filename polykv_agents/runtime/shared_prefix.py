@@ -4,8 +4,10 @@ Residency is a choice between speed and memory, measured by ``polykv-agents benc
 
 - ``decompressed``: every layer is decoded from the pool once, in the model's dtype, and kept. All
   agents read those tensors; nothing is copied per agent or per step.
-- ``compressed``: only the pool stays resident; a layer is decoded when attention needs it and
-  dropped right after, so at most one decoded layer exists at a time, whatever the agent count.
+- ``compressed``: only the pool stays resident. Where the native kernel runs and the pool's codecs have a stored
+  form (int8 keys, TurboQuant values: the default; :mod:`polykv_agents.runtime.stored_prefix`), attention reads
+  the pool's bytes as they are and no layer is ever decoded. Elsewhere a layer is decoded when attention needs
+  it and dropped right after, so at most one decoded layer exists at a time, whatever the agent count.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from transformers import PreTrainedModel
 
 from polykv_agents.pool.shared_pool import SharedKVPool
+from polykv_agents.runtime.stored_prefix import StoredLayer, stored_layers
 
 Residency = Literal["decompressed", "compressed"]
 
@@ -32,6 +35,7 @@ class SharedPrefix:
         self.dtype = model.dtype
         self.device = model.device
         self._layers: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
+        self._stored: tuple[StoredLayer, ...] | None = stored_layers(pool) if residency == "compressed" else None
         self._peak_transient_nbytes = 0
         if residency == "decompressed":
             with torch.inference_mode():
@@ -45,9 +49,11 @@ class SharedPrefix:
 
     @property
     def resident_nbytes(self) -> int:
-        """Bytes held for the prefix besides the pool itself (0 when kept compressed)."""
+        """Bytes held for the prefix besides the pool itself: the decoded layers, or when kept compressed the
+        stored layers' float key scales, codebooks and rotations (a few KiB per layer)."""
         if self._layers is None:
-            return 0
+            extra = {t.data_ptr(): t.nbytes for layer in self._stored or () for t in layer.extra_tensors()}
+            return sum(extra.values())  # a codebook or rotation that layers share, once
         return sum(k.nbytes + v.nbytes for k, v in self._layers)
 
     @property
@@ -55,6 +61,11 @@ class SharedPrefix:
         """Most bytes of decoded prefix alive at once: all layers when kept decompressed, the largest
         single decoded layer when kept compressed (measured as layers are decoded)."""
         return self.resident_nbytes if self._layers is not None else self._peak_transient_nbytes
+
+    def stored(self, layer_idx: int) -> StoredLayer | None:
+        """Layer ``layer_idx`` as the pool stores it, for the native kernel; ``None`` unless kept compressed in
+        codecs that have a stored form."""
+        return None if self._stored is None else self._stored[layer_idx]
 
     def layers(self) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
         """Every layer's keys and values when kept decoded; ``()`` when kept compressed."""

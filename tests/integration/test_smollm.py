@@ -106,16 +106,20 @@ def test_agents_answer_from_the_compressed_pool(smollm, compressed_pool):
     assert compressed_pool.tensor_checksum() == before
 
 
-def test_in_bf16_the_pool_is_the_same_and_the_agent_still_answers(smollm, chat_document, compressed_pool):
+@pytest.mark.parametrize("runtime", ["decompressed", "compressed"])
+def test_in_bf16_the_pool_is_the_same_and_the_agent_still_answers(smollm, chat_document, compressed_pool, runtime):
     """What dtype="auto" gives on a CPU with native bf16. One digest for both dtypes; the bf16 model answers
     from the pool it built itself as the model's own attention does over that pool decoded (reading a pool built in
-    another dtype works too, at a measured cost in perplexity: docs/RESULTS.md)."""
+    another dtype works too, at a measured cost in perplexity: docs/RESULTS.md), with the prefix kept decoded or
+    read as the pool stores it (the native kernel, with AMX tiles where the CPU has them)."""
     model, tokenizer = load_model(dtype="bfloat16")
     assert model.dtype is torch.bfloat16 and model is not smollm[0]
     pool = SharedKVPool.prefill(model, tokenizer, chat_document)
     assert pool.digest == compressed_pool.digest and pool.fingerprint.dtype == "bfloat16"
     role = "You are the risk officer. Be brief and list items."
-    answer = PooledAgent(pool, model, tokenizer, system_prompt=role).generate(QUESTION, max_new_tokens=24)
+    answer = PooledAgent(pool, model, tokenizer, system_prompt=role, runtime=runtime).generate(
+        QUESTION, max_new_tokens=24
+    )
     # The reference: the private runtime, the same bf16 model's own attention over the pool decoded into a plain
     # cache (no cascade attention, no native kernel). In bf16 this 135M model's greedy answer turns on near-tied
     # tokens: the reference names an "unforeseen consequences" risk first, as the batched runtime does with the

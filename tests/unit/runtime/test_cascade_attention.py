@@ -68,12 +68,14 @@ def _cascade(model, prefix, cache: SuffixCache, ids: torch.Tensor) -> torch.Tens
 def test_prefill_and_batched_decode_match_ordinary_attention(setup, residency, kernel):
     model, reference, pool = setup
     prefix = SharedPrefix(pool, model, residency)
+    # Over the pool as stored, the kernel folds the key scale into the queries: the same sums in another order.
+    atol = 5e-5 if residency == "compressed" and kernel == "native" else 1e-5
     suffixes = [torch.randint(3, 300, (n,), generator=torch.Generator().manual_seed(n)) for n in (5, 11, 2)]
     batch = SuffixCache(model.config.num_hidden_layers, 0)
     for suffix in suffixes:  # each agent joins with its own prompt length
         row = SuffixCache(model.config.num_hidden_layers, 1)
         logits = _cascade(model, prefix, row, suffix.view(1, -1))[0]
-        torch.testing.assert_close(logits, _reference_logits(reference, pool, suffix), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(logits, _reference_logits(reference, pool, suffix), rtol=1e-4, atol=atol)
         batch.concat(row)
     next_tokens = torch.tensor([[7], [8], [9]])
     for step in range(3):  # a few batched steps: rows have different suffix lengths throughout
@@ -81,7 +83,7 @@ def test_prefill_and_batched_decode_match_ordinary_attention(setup, residency, k
         for row, suffix in enumerate(suffixes):
             history = torch.cat([suffix, next_tokens[row].repeat(step + 1)])
             expected = _reference_logits(reference, pool, history)[-1]
-            torch.testing.assert_close(logits[row], expected, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(logits[row], expected, rtol=1e-4, atol=atol)
 
 
 def test_calls_without_a_cascade_context_are_plain_sdpa(setup):
@@ -94,7 +96,13 @@ def test_calls_without_a_cascade_context_are_plain_sdpa(setup):
 
 def test_compressed_residency_holds_no_decoded_prefix(setup):
     model, _, pool = setup
-    assert SharedPrefix(pool, model, "compressed").resident_nbytes == 0
+    compressed = SharedPrefix(pool, model, "compressed")
+    assert compressed.layers() == () and compressed.stored(0) is not None  # the pool's own tensors, as stored
+    # Besides the pool: each layer's key scale as float32, and one codebook and one rotation shared by all layers.
+    stored = [compressed.stored(i) for i in range(pool.num_layers)]
+    scales = sum(layer.key_scale.nbytes for layer in stored)
+    assert compressed.resident_nbytes == scales + stored[0].centroids.nbytes + stored[0].rotation.nbytes
+    assert stored[0].key_codes.data_ptr() == pool.layers[0].keys.tensors["codes"].data_ptr()  # a view, no copy
     decompressed = SharedPrefix(pool, model, "decompressed")
     assert decompressed.resident_nbytes == pool.model_dtype_nbytes  # decoded once, in the model's dtype
     with pytest.raises(ValueError, match="residency"):
@@ -184,13 +192,16 @@ def test_reduced_attention_soft_caps_like_the_unfused_one():
 
 
 class _Prefix:
-    """The two things cascade attention reads from a SharedPrefix."""
+    """What cascade attention reads from a SharedPrefix kept decoded."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         self.keys, self.values, self.num_tokens = keys, values, keys.shape[-2]
 
     def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys, self.values
+
+    def stored(self, layer_idx: int) -> None:
+        return None  # no stored form: the keys and values above are the prefix
 
 
 def _eager_reference(query, prefix_keys, prefix_values, keys, values, past, starts, scaling, window, softcap):

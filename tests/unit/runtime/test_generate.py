@@ -96,10 +96,12 @@ def test_a_structured_answer_is_never_cut_by_a_stop_sequence(model, tiny_tok):
 
 
 def test_runtimes_are_checked_by_name():
-    assert RUNTIMES == ("decompressed", "compressed", "private")
+    assert RUNTIMES == ("auto", "decompressed", "compressed", "private")
     for runtime in RUNTIMES:
         assert check_runtime(runtime) == runtime
-    with pytest.raises(ValueError, match="runtime must be one of 'decompressed', 'compressed', 'private', got 'gpu'"):
+    with pytest.raises(
+        ValueError, match="runtime must be one of 'auto', 'decompressed', 'compressed', 'private', got 'gpu'"
+    ):
         check_runtime("gpu")
 
 

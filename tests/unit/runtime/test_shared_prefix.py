@@ -37,6 +37,6 @@ def test_the_peak_of_decoded_bytes_is_one_layer_when_compressed_and_all_layers_w
         keys, values = compressed.layer(layer_idx)
         sizes.append(keys.nbytes + values.nbytes)
     assert compressed.peak_decoded_nbytes == max(sizes) > 0
-    assert compressed.resident_nbytes == 0
+    assert compressed.layers() == () and compressed.resident_nbytes < pool.nbytes  # no layer kept decoded
     decompressed = SharedPrefix(pool, tiny_model, "decompressed")
     assert decompressed.peak_decoded_nbytes == decompressed.resident_nbytes == sum(sizes)
