@@ -52,6 +52,7 @@ def probe(model, tokenizer, document: str, decode_tokens: int, compiled: bool) -
     from polykv_agents.engine import Engine
     from polykv_agents.pool.prefill import prefill_cache
     from polykv_agents.pool.shared_pool import SharedKVPool
+    from polykv_agents.runtime.residency import auto_residency
     from polykv_agents.sampling.settings import GenerationSettings
 
     pool = SharedKVPool.prefill(model, tokenizer, document)
@@ -74,8 +75,10 @@ def probe(model, tokenizer, document: str, decode_tokens: int, compiled: bool) -
     single = median_after_warmup(1, lambda: _single_stream(agents[0], questions[0], decode_tokens))
     settings = GenerationSettings(max_new_tokens=decode_tokens, ignore_eos=True)
     aggregate = median_after_warmup(1, lambda: _tokens_per_s(*run_batched(agents, questions, settings)))
-    scheduler = engine.schedulers.scheduler_for(model, tokenizer, pool, "decompressed")
-    resident = pool.nbytes + scheduler.prefix.peak_decoded_nbytes
+    # The residency the agents' default runtime ("auto") served them from, and what it held beyond the pool.
+    residency = auto_residency(model, pool, compiled_steps=compiled)
+    scheduler = engine.schedulers.scheduler_for(model, tokenizer, pool, residency)
+    resident = pool.nbytes + scheduler.prefix.peak_held_nbytes
     if compiled:  # figures labelled compiled must not come from eager steps
         engine.schedulers.require_compiled()
     engine.close()
@@ -88,6 +91,7 @@ def probe(model, tokenizer, document: str, decode_tokens: int, compiled: bool) -
         "decode_tok_s_15": aggregate,
         "kv_bytes": pool.nbytes,
         "kv_bytes_resident": resident,
+        "residency": residency,
     }
     ids = {
         "document_ids": pool.token_ids.tolist(),

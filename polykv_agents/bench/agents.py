@@ -191,7 +191,7 @@ def run_agents_bench(
                 samples[name].append(tok_s)
                 rss[name].append(peak)
     scheduler = warm_engine.schedulers.scheduler_for(model, tokenizer, pool, runtime)
-    kv_pooled_peak = pool.nbytes + scheduler.prefix.peak_decoded_nbytes + scheduler.peak_suffix_nbytes
+    kv_pooled_peak = pool.nbytes + scheduler.prefix.peak_held_nbytes + scheduler.peak_suffix_nbytes
     warm_engine.close()
     return AgentsBenchResult(
         model_name=pool.fingerprint.name,

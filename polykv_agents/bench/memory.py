@@ -3,9 +3,11 @@ lengths, the runtime against N separate caches (the reference design).
 
 Per context length, one pool is built; then per agent count N:
 
-- ours: N agents answer at once through the runtime (shared decoded prefix, batched suffixes). KV
-  bytes alive at the peak = pool + decoded prefix + the batch's suffix cache, each from ``nbytes``;
-  the process's peak RSS is sampled while they run;
+- ours: N agents answer at once through the runtime, with the residency the default runtime (``auto``) picks for
+  the model here (:mod:`polykv_agents.runtime.residency`), and batched suffixes. KV bytes alive at the peak = pool +
+  what the shared prefix holds beside it (the decoded prefix, or when kept compressed the stored layers' float
+  key scales, codebook and rotation) + the batch's suffix cache, each from ``nbytes``; the process's peak RSS is
+  sampled while they run;
 - separate caches: N caches materialised the way the reference ``PooledAgent`` does (the pool
   decoded into a fresh cache per agent), in the model's dtype and in fp16, summed from ``nbytes``,
   with the peak RSS sampled while they exist;
@@ -41,7 +43,9 @@ from polykv_agents.bench.suite import SuiteOptions, TableSuite, document_text, l
 from polykv_agents.config import CompressionConfig
 from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.runtime.request import DecodeRequest
+from polykv_agents.runtime.residency import auto_residency
 from polykv_agents.runtime.scheduler import BatchScheduler
+from polykv_agents.runtime.shared_prefix import Residency
 from polykv_agents.sampling.settings import GenerationSettings
 
 
@@ -57,16 +61,19 @@ def _separate_caches_nbytes(pool: SharedKVPool, model: PreTrainedModel, n: int, 
     return nbytes, rss.peak_bytes
 
 
+def default_residency(model: PreTrainedModel, pool: SharedKVPool) -> Residency:
+    """What ``runtime="auto"`` (the default) serves ``pool`` from, for ``model`` on this machine (eager steps)."""
+    return auto_residency(model, pool, compiled_steps=False)
+
+
 def runtime_peak(
     pool: SharedKVPool, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, n: int, new_tokens: int
 ) -> tuple[int, int, int, int]:
     """``(KV bytes at the peak, peak batch size, peak RSS, peak bytes of the batch's suffixes alone)`` with ``n``
-    agents answering at once."""
-    scheduler = BatchScheduler(model, tokenizer, pool)  # a fresh one: its peaks are this run's alone
-    agents = [
-        PooledAgent(pool, model, tokenizer, system_prompt=f"You are analyst {i + 1} of {n}.", runtime="decompressed")
-        for i in range(n)
-    ]
+    agents answering at once, over the residency the default runtime picks (:func:`default_residency`)."""
+    # A fresh scheduler: its peaks are this run's alone.
+    scheduler = BatchScheduler(model, tokenizer, pool, residency=default_residency(model, pool))
+    agents = [PooledAgent(pool, model, tokenizer, system_prompt=f"You are analyst {i + 1} of {n}.") for i in range(n)]
     settings = GenerationSettings(max_new_tokens=new_tokens, ignore_eos=True)
 
     def answer(agent: PooledAgent) -> int:
@@ -79,7 +86,7 @@ def runtime_peak(
         if produced != n * new_tokens:
             msg = f"expected {n * new_tokens} tokens from {n} agents, got {produced}"
             raise RuntimeError(msg)
-        kv = pool.nbytes + scheduler.prefix.peak_decoded_nbytes + scheduler.peak_suffix_nbytes
+        kv = pool.nbytes + scheduler.prefix.peak_held_nbytes + scheduler.peak_suffix_nbytes
         return kv, scheduler.peak_batch_size, rss.peak_bytes, scheduler.peak_suffix_nbytes
     finally:
         scheduler.close()
@@ -118,6 +125,7 @@ def run_memory_suite(
                 {
                     "context_tokens": pool.num_tokens,
                     "agents": n,
+                    "residency": default_residency(model, pool),
                     "peak_batch": batch,
                     "pool_nbytes": pool.nbytes,
                     "fp16_nbytes": pool.fp16_nbytes,
@@ -210,6 +218,20 @@ def _rss_pair(row: dict) -> str:
     return f"{row['rss_peak_ours'] / 2**30:.2f} / {row['rss_peak_separate'] / 2**30:.2f}"
 
 
+def _residency_note(residencies: set[str]) -> str:
+    """What the shared prefix held beside the pool in these rows (the default runtime's residency)."""
+    if residencies == {"compressed"}:
+        return (
+            "The default runtime kept only the pool (`compressed`: the native kernel reads it as stored, through AMX "
+            "tiles here), so the document's KV is the pool plus the stored layers' float key scales, one codebook "
+            "and one rotation: less than one shared fp16 prefix."
+        )
+    return (
+        "Ours holds more KV than one shared fp16 prefix: here the default runtime kept the decoded prefix (model "
+        "dtype) beside the pool (no AMX tiles, or not bfloat16), so the pool's bytes come on top, not instead."
+    )
+
+
 def write_memory(result: SuiteResult, out_dir: Path) -> list[Path]:
     columns = [
         column("context", "context_tokens"),
@@ -224,13 +246,12 @@ def write_memory(result: SuiteResult, out_dir: Path) -> list[Path]:
         Column("peak RSS GiB, ours / separate", _rss_pair),
     ]
     notes = [
-        "Peak KV, ours: pool + decoded shared prefix + the batch's suffix cache while N agents decode at once. "
-        "Separate caches: N decoded copies of the pool alive at once, as the reference design makes one per agent "
-        "call (model dtype, and fp16 for comparison with the paper). One shared fp16 prefix: what a prefix-sharing "
-        "serving engine holds for the same work, the document's cache once in fp16 plus the same batch's suffix "
-        "cache. All bytes are `nbytes` of tensors that existed; RSS is the whole process, sampled every 5 ms. "
-        "Ours holds more KV than one shared fp16 prefix: at run time the default residency keeps the decoded "
-        "prefix (model dtype) beside the pool, so the pool's bytes come on top, not instead."
+        "Peak KV, ours: pool + what the shared prefix holds beside it + the batch's suffix cache while N agents "
+        "decode at once. Separate caches: N decoded copies of the pool alive at once, as the reference design makes "
+        "one per agent call (model dtype, and fp16 for comparison with the paper). One shared fp16 prefix: what a "
+        "prefix-sharing serving engine holds for the same work, the document's cache once in fp16 plus the same "
+        "batch's suffix cache. All bytes are `nbytes` of tensors that existed; RSS is the whole process, sampled "
+        "every 5 ms. " + _residency_note({row.get("residency", "decompressed") for row in result.rows})
     ]
     figures = {"vs_agents": memory_vs_agents(result.rows)}
     return write_suite(result, out_dir, title="Memory", columns=columns, figures=figures, notes=notes)

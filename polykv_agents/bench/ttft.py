@@ -34,7 +34,7 @@ from polykv_agents.engine import Engine
 from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.pool.prefill import prefill_cache
 from polykv_agents.pool.shared_pool import SharedKVPool
-from polykv_agents.runtime.shared_prefix import Residency
+from polykv_agents.runtime.backend import Runtime
 from polykv_agents.sampling.settings import GenerationSettings
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def _first_token_seconds(agent: PooledAgent, question: str) -> float:
 
 def ttft_pool_cold(
     pool: SharedKVPool, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, system_prompt: str,
-    question: str, *, runtime: Residency = "decompressed",
+    question: str, *, runtime: Runtime = "auto",
 ) -> float:  # fmt: skip
     """Seconds to the first token of the first call of a fresh engine (the prefix decode included)."""
     engine = Engine(scheduler_idle_seconds=None, max_prefix_bytes=0)

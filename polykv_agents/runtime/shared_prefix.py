@@ -57,10 +57,11 @@ class SharedPrefix:
         return sum(k.nbytes + v.nbytes for k, v in self._layers)
 
     @property
-    def peak_decoded_nbytes(self) -> int:
-        """Most bytes of decoded prefix alive at once: all layers when kept decompressed, the largest
-        single decoded layer when kept compressed (measured as layers are decoded)."""
-        return self.resident_nbytes if self._layers is not None else self._peak_transient_nbytes
+    def peak_held_nbytes(self) -> int:
+        """Most bytes held for the prefix besides the pool at once: all decoded layers when kept decompressed;
+        when kept compressed, :attr:`resident_nbytes` plus the largest layer decoded on the fly (measured as layers
+        are decoded; none where the kernel reads every layer as stored)."""
+        return self.resident_nbytes + (self._peak_transient_nbytes if self._layers is None else 0)
 
     def stored(self, layer_idx: int) -> StoredLayer | None:
         """Layer ``layer_idx`` as the pool stores it, for the native kernel; ``None`` unless kept compressed in
