@@ -33,7 +33,7 @@ _GRAPH = (*_RUNTIME, "polykv_agents/chat/**", "polykv_agents/graph/**", "polykv_
 """The LangChain and LangGraph layer over the runtime."""
 
 SUITE_SOURCES: dict[str, tuple[str, ...]] = {
-    "memory": (*_CORE, "polykv_agents/bench/memory.py"),
+    "memory": (*_RUNTIME, "polykv_agents/bench/memory.py"),  # the default runtime's residency decides its KV
     "quality": (*_CORE, "polykv_agents/eval/**", "polykv_agents/bench/quality.py"),
     "tasks": (*_RUNTIME, "polykv_agents/eval/**", "polykv_agents/prompting/**", "polykv_agents/bench/tasks.py"),
     "speed": (*_RUNTIME, "polykv_agents/bench/speed.py"),

@@ -335,11 +335,11 @@ def readme_residency(results: list[AgentsBenchResult]) -> str | None:
     if not both:
         return None
     context = min(both)
-    default, compressed = by_key[(context, "decompressed")], by_key[(context, "compressed")]
+    decoded, compressed = by_key[(context, "decompressed")], by_key[(context, "compressed")]
     return (
-        f"Prefix residency at {context:,} tokens: `decompressed` (default) peaks at "
-        f"{default.kv_bytes_pooled_peak / 2**20:,.0f} MiB of KV and decodes "
-        f"{default.throughput_tok_s['batched_warm']:.1f} tok/s warm; `compressed` peaks at "
+        f"Prefix residency at {context:,} tokens: `decompressed` peaks at "
+        f"{decoded.kv_bytes_pooled_peak / 2**20:,.0f} MiB of KV and decodes "
+        f"{decoded.throughput_tok_s['batched_warm']:.1f} tok/s warm; `compressed` peaks at "
         f"{compressed.kv_bytes_pooled_peak / 2**20:,.0f} MiB "
         f"({compressed.kv_bytes_naive_peak / compressed.kv_bytes_pooled_peak:.1f}x less than {compressed.agents} "
         f"copies) and decodes {compressed.throughput_tok_s['batched_warm']:.1f} tok/s."

@@ -101,10 +101,6 @@ inline uint16_t to_bf16(float value) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-inline uint32_t bf16_pair(float low, float high) {
-  return static_cast<uint32_t>(to_bf16(low)) | (static_cast<uint32_t>(to_bf16(high)) << 16);
-}
-
 #if POLYKV_TILES
 // Linux hands out AMX's tile state only on request, once per process.
 bool tiles_permitted() {
@@ -379,17 +375,6 @@ void attend(const float* queries, int64_t m_count, int64_t lanes, LoadKeys load_
 }
 
 #if POLYKV_TILES
-// attend() with AMX tile products, for bfloat16 groups and a head dim that is a multiple of 64. The products run on
-// bfloat16 operands with float sums, as PyTorch's fused CPU attention does for bfloat16: the queries (scaled, with
-// any stored key scale), the values and the softmax weights are rounded to bfloat16; keys are exact (bfloat16
-// already, or int8 codes). `load_queries(out)` writes the M queries as bfloat16 rows [M, D]; `load_keys(work, out,
-// K)` and `load_values(work, out, K)` write the `count` keys and values in the layouts below (0 past `count`).
-//
-// Layouts (M queries padded to 16, K keys padded to 64), the right operands with pairs along the summed dimension:
-//   queries16   [M, D]                                       left operand of the scores
-//   key_pairs   [D/2, K] of (key[2p], key[2p+1])              right operand of the scores: the keys transposed
-//   scores      [M, K] float -> weights16 [M, K] bfloat16     left operand of the weighted values
-//   value_pairs [K/2, D] of (value[2k][d], value[2k+1][d])    right operand of the weighted values
 // The largest of row[0 .. count), -inf for none; 16 running maxima, since a single one is a chain of dependent
 // scalar steps (measured: most of a tile task's time at 45 queries).
 inline float row_max(const float* row, int64_t count) {
@@ -446,6 +431,17 @@ inline float softmax_row(const float* row, int64_t seen, int64_t count, float to
 #endif
 }
 
+// attend() with AMX tile products, for bfloat16 groups and a head dim that is a multiple of 64. The products run on
+// bfloat16 operands with float sums, as PyTorch's fused CPU attention does for bfloat16: the queries (scaled, with
+// any stored key scale), the values and the softmax weights are rounded to bfloat16; keys are exact (bfloat16
+// already, or int8 codes). `load_queries(out)` writes the M queries as bfloat16 rows [M, D]; `load_keys(work, out,
+// K)` and `load_values(work, out, K)` write the `count` keys and values in the layouts below (0 past `count`).
+//
+// Layouts (M queries padded to 16, K keys padded to 64), the right operands with pairs along the summed dimension:
+//   queries16   [M, D]                                       left operand of the scores
+//   key_pairs   [D/2, K] of (key[2p], key[2p+1])              right operand of the scores: the keys transposed
+//   scores      [M, K] float -> weights16 [M, K] bfloat16     left operand of the weighted values
+//   value_pairs [K/2, D] of (value[2k][d], value[2k+1][d])    right operand of the weighted values
 template <typename LoadQueries, typename LoadKeys, typename LoadValues, typename Limit>
 void attend_tiles(int64_t m_count, LoadQueries load_queries, LoadKeys load_keys, LoadValues load_values,
                   int64_t count, int64_t dim, Limit limit, Scratch& work, const std::vector<Part>& parts) {

@@ -1,12 +1,11 @@
 """Which residency the ``auto`` runtime gives a pool's shared prefix: the faster one for this model on this machine.
 
-Measured on an Intel Xeon VM with AMX (2 cores, SmolLM2-135M in bfloat16, a 4,096-token document; commands in
-docs/RUNTIME.md): with the native kernel reading the pool as stored through AMX tiles, the ``compressed`` prefix
-decodes as fast as the decoded one for 15 agents (129.6 against 130.7 tok/s) and faster for one (19.6 against 19.0),
-holds only the pool, and starts a cold call in 0.10 s instead of 0.27-0.33 s (no prefix to decode). Without the
-tiles (no AMX, or not bfloat16), the kernel's vector path over the stored pool took 2.2 ms per layer for 15 agents
-where PyTorch's fused attention over the decoded prefix took 0.5 ms: there the decoded prefix stays the default.
-Compiled decode steps exist for the decoded prefix only, so an engine that compiles keeps it too.
+With the native kernel reading the pool as stored through AMX tiles, the ``compressed`` prefix decodes about as fast
+as the decoded one, for one agent and for fifteen, holds only the pool, and starts a cold call sooner (no prefix to
+decode). Without the tiles (no AMX, or not bfloat16) the kernel's vector path over the stored pool is several times
+slower than PyTorch's fused attention over a decoded prefix for many agents: there the decoded prefix stays. Compiled
+decode steps exist for the decoded prefix only, so an engine that compiles keeps it too. Measured side by side by
+``python -m benchmarks.probes.residency``; docs/RUNTIME.md ("Attention over the pool as stored") has the figures.
 """
 
 from __future__ import annotations
