@@ -115,6 +115,9 @@ def test_the_kernel_takes_only_what_it_implements(built):
     query, keys = torch.zeros(9, 2, 64), torch.zeros(2, 3, 4, 64)
     assert kernel_takes(query, keys, KERNEL_MAX_QUERIES, {})
     assert not kernel_takes(query, keys, KERNEL_MAX_QUERIES + 1, {})  # long query blocks: the fused kernel
+    # Over a prefix kept as the pool stores it, at any count: the fused kernel would need the layer decoded first.
+    assert kernel_takes(query, keys, 50 * KERNEL_MAX_QUERIES, {}, stored=True)
+    assert not kernel_takes(query, keys, 6, {"sliding_window": 4}, stored=True)
     assert not kernel_takes(query, keys, 6, {"sliding_window": 4})
     assert not kernel_takes(query, keys, 6, {"softcap": 30.0})
     assert not kernel_takes(query.double(), keys.double(), 6, {})
