@@ -23,7 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "prompting": {"sampling"},  # tool-call grammars
     "pool": {"codecs", "config", "model", "prompting"},
     "kernels": set(),  # native kernels and their build: no other room
-    "runtime": {"kernels", "model", "pool", "sampling"},
+    "runtime": {"codecs", "kernels", "model", "pool", "sampling"},  # codecs: attention over the pool as stored
     "engine": {"model", "pool", "runtime"},
     "agent": {"engine", "model", "pool", "prompting", "runtime", "sampling"},
     "chat": {"config", "engine", "model", "pool", "prompting", "runtime", "sampling"},
