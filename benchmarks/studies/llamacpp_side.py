@@ -10,9 +10,11 @@ call by call, in the graph's order, over ONE context, so llama.cpp's automatic p
 Each call decodes exactly as many tokens as the pooled call did, greedily; an end-of-sequence token does not
 stop it.
 
-Request: ``{"model_path", "n_ctx", "threads", "flash_attn", "reset_every_call", "reviews": [[{"node",
+Request: ``{"model_path", "n_ctx", "threads", "flash_attn", "cache_types", "reset_every_call", "reviews": [[{"node",
 "input_ids", "output_tokens"}]], "probes": [{"document_ids", "prompt_ids", "other_prompt_ids",
-"decode_tokens"}]}``: one review and one probe per document. Result: ``{"load_s", "reviews", "probes",
+"decode_tokens"}]}``: one review and one probe per document. ``cache_types``: the KV cache's ggml types as
+``[keys, values]`` names (``["q8_0", "q4_0"]``, as ``--cache-type-k/-v`` take them; quantized values need flash
+attention), or absent for f16. Result: ``{"load_s", "reviews", "probes",
 "rss_after_load_bytes", "rss_peak_bytes"}``, the review's wall and per-stage time and the probe's figures
 (see :func:`probe`) per document.
 """
@@ -25,6 +27,9 @@ import time
 from pathlib import Path
 
 from benchmarks.studies.side_process import peak_rss_bytes, rss_bytes
+
+CACHE_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
+"""ggml type ids (``llama_cpp.GGML_TYPE_*``) of the cache types a request may name."""
 
 GREEDY = {"temp": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0}
 
@@ -95,6 +100,7 @@ def main(request_path: str, result_path: str) -> None:
     from llama_cpp import Llama
 
     request = json.loads(Path(request_path).read_text())
+    type_k, type_v = (CACHE_TYPES[name] for name in request.get("cache_types") or ("f16", "f16"))
     started = time.perf_counter()
     llm = Llama(
         model_path=request["model_path"],
@@ -103,6 +109,8 @@ def main(request_path: str, result_path: str) -> None:
         n_threads=request["threads"],
         n_threads_batch=request["threads"],
         flash_attn=request["flash_attn"],
+        type_k=type_k,
+        type_v=type_v,
         verbose=False,
     )
     load_s = time.perf_counter() - started

@@ -13,7 +13,8 @@ de-quantises them (bf16, or int8/int4 with ``--weights``):
   (:class:`~benchmarks.studies.recording.RecordingEngine`);
 - **llama.cpp** through llama-cpp-python (the engine behind LangChain's ``ChatLlamaCpp``,
   :mod:`benchmarks.studies.llamacpp_side`): the recorded calls replayed one after another over one context,
-  so its automatic prefix reuse keeps the document; flash attention off and on; and, at the smallest
+  so its automatic prefix reuse keeps the document; flash attention off and on, and on with the KV cache
+  quantized (keys q8_0, values q4_0: :data:`QUANTIZED_CACHE`); and, at the smallest
   context, on the first document, with a reset before every call (re-prefilling, as without prefix reuse);
 - **llama-server** (llama.cpp's own server, built from the same sources, :mod:`benchmarks.studies.llama_server`),
   unified KV cache and prompt cache: with 1 slot, the review (the specialists sent at once queue over the one
@@ -178,6 +179,18 @@ def _ours(options: PeersOptions, context: int, texts: list[str], roles: list[str
     return rows, first["replays"], first["probe_ids"]
 
 
+QUANTIZED_CACHE = ["q8_0", "q4_0"]
+"""llama.cpp's smallest KV cache in common use (``--cache-type-k q8_0 --cache-type-v q4_0``): keys 8.5 and values
+4.5 bits an element, block-scaled; the peer for the pool's bytes."""
+
+
+def llama_cpp_method(fmt: str, flash: bool, cache_types: list[str] | None = None) -> str:
+    """A llama.cpp row's method name: ``"llama.cpp (Q4_1), prefix reuse, flash attention on, cache q8_0/q4_0"``
+    (no cache part for the f16 cache)."""
+    cache = f", cache {'/'.join(cache_types)}" if cache_types else ""
+    return f"llama.cpp ({fmt}), prefix reuse, flash attention {'on' if flash else 'off'}{cache}"
+
+
 def _llamacpp_side(options: PeersOptions, request: dict[str, Any], method: str) -> dict[str, Any]:
     """One llama.cpp side process (kept in ``options.keep_in``); its result."""
     what = f"the llama.cpp run ({method})"
@@ -191,16 +204,17 @@ def _llama_cpp(options: PeersOptions, context: int, replays: list, probe_ids: li
     n_ctx = max(len(c["input_ids"]) for replay in replays for c in replay) + options.max_tokens + 64
     keys = ("document_ids", "prompt_ids", "other_prompt_ids", "decode_tokens")
     probes = [{k: ids[k] for k in keys} for ids in probe_ids]
-    runs = [("Q4_1", embedded_model_file(), False), ("Q4_1", embedded_model_file(), True)]
+    runs = [("Q4_1", embedded_model_file(), False, None), ("Q4_1", embedded_model_file(), True, None)]
+    runs.append(("Q4_1", embedded_model_file(), True, QUANTIZED_CACHE))  # flash attention: quantized values need it
     if options.gguf_f16 is not None:
-        runs.append(("F16", options.gguf_f16, True))
+        runs.append(("F16", options.gguf_f16, True, None))
     rows = []
-    for fmt, path, flash in runs:
-        method = f"llama.cpp ({fmt}), prefix reuse, flash attention {'on' if flash else 'off'}"
+    for fmt, path, flash, cache_types in runs:
+        method = llama_cpp_method(fmt, flash, cache_types)
         progress(f"context {context}: {method}")
         request = {
             "model_path": str(path), "n_ctx": n_ctx, "threads": _threads(), "flash_attn": flash,
-            "reset_every_call": False, "reviews": replays, "probes": probes,
+            "cache_types": cache_types, "reset_every_call": False, "reviews": replays, "probes": probes,
         }  # fmt: skip
         result = _llamacpp_side(options, request, method)
         samples = {**review_samples(result["reviews"]), **probe_samples(result["probes"])}
@@ -208,7 +222,7 @@ def _llama_cpp(options: PeersOptions, context: int, replays: list, probe_ids: li
         rows.append(
             engine_row(context, method, samples, **_review_extra(result["reviews"]),
                        rss_peak_bytes=result["rss_peak_bytes"], rss_after_load_bytes=result["rss_after_load_bytes"],
-                       gguf_format=fmt)
+                       gguf_format=fmt, cache_types=cache_types or ["f16", "f16"])
         )  # fmt: skip
     if options.reset_baseline and context == min(options.contexts):
         method = "llama.cpp (Q4_1), reset before every call"

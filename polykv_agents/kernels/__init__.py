@@ -9,10 +9,11 @@ fused CPU attention kernel, made for long query blocks, is slow for the few quer
 per kv head for all of that group's queries, in chunks spread over the threads, and merges each query's parts in
 a fixed order, so a row's result does not depend on which other groups share its step.
 
-Set ``POLYKV_AGENTS_KERNELS=0`` to use the PyTorch path only. The first use builds the kernel once into torch's
-extension cache (``TORCH_EXTENSIONS_DIR``, by default under the user's cache directory): about 30 s on 2 cores,
-announced as a warning on the ``polykv_agents.kernels`` logger while it runs; a build that fails is logged once
-and the PyTorch path is used.
+Set ``POLYKV_AGENTS_KERNELS=0`` to use the PyTorch path only, ``POLYKV_AGENTS_TILES=0`` to keep the kernel but not
+its AMX tile products (then ``runtime="auto"`` keeps a decoded prefix, :mod:`polykv_agents.runtime.residency`).
+The first use builds the kernel once into torch's extension cache (``TORCH_EXTENSIONS_DIR``, by default under the
+user's cache directory): about 30 s on 2 cores, announced as a warning on the ``polykv_agents.kernels`` logger
+while it runs; a build that fails is logged once and the PyTorch path is used.
 """
 
 from __future__ import annotations
@@ -39,9 +40,18 @@ _lock = threading.Lock()
 _loaded: dict[str, ModuleType | None] = {}
 
 
+TILES_SWITCH = "POLYKV_AGENTS_TILES"
+"""Environment variable: ``0`` (or ``off``, ``false``) keeps the kernels' AMX tile products off, the vector path on."""
+
+
+def switched_on(variable: str) -> bool:
+    """Whether the switch ``variable`` is on: unset, or anything but ``0``/``off``/``false``/``no``."""
+    return os.environ.get(variable, "1").strip().lower() not in {"0", "off", "false", "no"}
+
+
 def kernels_enabled() -> bool:
     """Whether native kernels may be used (``POLYKV_AGENTS_KERNELS`` is not ``0``/``off``/``false``)."""
-    return os.environ.get(SWITCH, "1").strip().lower() not in {"0", "off", "false", "no"}
+    return switched_on(SWITCH)
 
 
 def _build(name: str) -> ModuleType | None:

@@ -205,23 +205,46 @@ inline uint32_t read_le(const uint8_t* p, int n) {
   return word;
 }
 
+#if defined(__AVX512F__)
+// Codes of at most 4 bits, 16 at a time, from a row that starts on a byte: codes d0 .. d0 + 15 fill two words of
+// `bits` bytes each (code i of 8 at bit i * bits); one variable shift per lane takes each code out of its word, and
+// a register holding the whole codebook looks them up.
+struct Codes16 {
+  int bits;
+  __m512 codebook;
+  __m512i shift, low;
+
+  explicit Codes16(const Stored& s) : bits(s.bits) {
+    alignas(64) float table[16] = {};
+    alignas(64) int32_t shifts[16];
+    for (int i = 0; i < 16; ++i) shifts[i] = (i % 8) * bits;
+    if (bits <= 4) std::copy(s.centroids, s.centroids + (1 << bits), table);
+    codebook = _mm512_load_ps(table);
+    shift = _mm512_load_si512(shifts);
+    low = _mm512_set1_epi32((1 << bits) - 1);
+  }
+
+  // norm * centroids[code] for codes d0 .. d0 + 15 of `row`.
+  __m512 operator()(const uint8_t* row, int64_t d0, float norm) const {
+    const uint32_t w0 = read_le(row + (d0 / 8) * bits, bits), w1 = read_le(row + (d0 / 8 + 1) * bits, bits);
+    const __m512i words = _mm512_mask_set1_epi32(_mm512_set1_epi32(static_cast<int32_t>(w0)), 0xFF00,
+                                                 static_cast<int32_t>(w1));
+    const __m512i codes = _mm512_and_si512(_mm512_srlv_epi32(words, shift), low);
+    return _mm512_mul_ps(_mm512_permutexvar_ps(codes, codebook), _mm512_set1_ps(norm));
+  }
+};
+#endif
+
 // Stored values of kv head h, tokens [t0, t0 + count), in the rotated domain as float [count, D]:
 // norm * centroids[code]. Every 8 codes of a row that starts on a byte fill `bits` whole bytes; where the CPU has
-// AVX-512 and a code has at most 4 bits, 16 codes at a time are shifted out of two such words and looked up in
-// a register holding the whole codebook. Elsewhere, code by code from its bit position.
+// AVX-512 and a code has at most 4 bits, 16 codes at a time (Codes16). Elsewhere, code by code from its bit position.
 inline void stored_values(const Stored& s, int64_t h, int64_t prefix_len, int64_t t0, int64_t count, int64_t dim,
                           float* out) {
   const int bits = s.bits;
   const uint32_t mask = (1u << bits) - 1u;
 #if defined(__AVX512F__)
   const bool vector_path = bits <= 4;
-  alignas(64) float table[16] = {};
-  alignas(64) int32_t shifts[16];
-  for (int i = 0; i < 16; ++i) shifts[i] = (i % 8) * bits;
-  if (vector_path) std::copy(s.centroids, s.centroids + (1 << bits), table);
-  const __m512 codebook = _mm512_load_ps(table);
-  const __m512i shift = _mm512_load_si512(shifts);
-  const __m512i low = _mm512_set1_epi32(static_cast<int32_t>(mask));
+  const Codes16 codes16(s);
 #endif
   for (int64_t j = 0; j < count; ++j) {
     const int64_t t = t0 + j;
@@ -232,14 +255,7 @@ inline void stored_values(const Stored& s, int64_t h, int64_t prefix_len, int64_
 #if defined(__AVX512F__)
     if (vector_path && first_bit % 8 == 0) {
       const uint8_t* row = s.value_codes + first_bit / 8;
-      const __m512 scale = _mm512_set1_ps(norm);
-      for (; d + 16 <= dim; d += 16) {
-        const uint32_t w0 = read_le(row + (d / 8) * bits, bits), w1 = read_le(row + (d / 8 + 1) * bits, bits);
-        const __m512i words = _mm512_mask_set1_epi32(_mm512_set1_epi32(static_cast<int32_t>(w0)), 0xFF00,
-                                                     static_cast<int32_t>(w1));
-        const __m512i codes = _mm512_and_si512(_mm512_srlv_epi32(words, shift), low);
-        _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_permutexvar_ps(codes, codebook), scale));
-      }
+      for (; d + 16 <= dim; d += 16) _mm512_storeu_ps(dst + d, codes16(row, d, norm));
     }
 #endif
     for (; d < dim; ++d) {
@@ -437,6 +453,33 @@ inline float softmax_row(const float* row, int64_t seen, int64_t count, float to
 // already, or int8 codes). `load_queries(out)` writes the M queries as bfloat16 rows [M, D]; `load_keys(work, out,
 // K)` and `load_values(work, out, K)` write the `count` keys and values in the layouts below (0 past `count`).
 //
+// Four [16 x 16] float sums side by side, stored into c (rows c_row floats apart): over `steps` steps, each the
+// product of a [16 x 32] bfloat16 left block (rows a_row elements apart; the next step 32 elements on) and four
+// right blocks of [16 pairs x 16] (rows b_row pairs apart, 16 pairs apart from each other; the next step b_step
+// pairs on). Tiles 0-3 hold the sums, 4 the left block, 5 and 6 the right blocks in turn.
+inline void four_tile_sums(const uint16_t* a, int64_t a_row, const uint32_t* b, int64_t b_row, int64_t b_step,
+                           int64_t steps, float* c, int64_t c_row) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t step = 0; step < steps; ++step, a += 32, b += b_step) {
+    _tile_loadd(4, a, a_row * 2);
+    _tile_loadd(5, b, b_row * 4);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_loadd(6, b + 16, b_row * 4);
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_loadd(5, b + 32, b_row * 4);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_loadd(6, b + 48, b_row * 4);
+    _tile_dpbf16ps(3, 4, 6);
+  }
+  _tile_stored(0, c, c_row * 4);
+  _tile_stored(1, c + 16, c_row * 4);
+  _tile_stored(2, c + 32, c_row * 4);
+  _tile_stored(3, c + 48, c_row * 4);
+}
+
 // Layouts (M queries padded to 16, K keys padded to 64), the right operands with pairs along the summed dimension:
 //   queries16   [M, D]                                       left operand of the scores
 //   key_pairs   [D/2, K] of (key[2p], key[2p+1])              right operand of the scores: the keys transposed
@@ -464,29 +507,8 @@ void attend_tiles(int64_t m_count, LoadQueries load_queries, LoadKeys load_keys,
   load_keys(work, keys, k_pad);
   // Scores: per 16 queries and 64 keys, four [16 x 16] sums over D in steps of 32.
   for (int64_t q0 = 0; q0 < m_pad; q0 += 16)
-    for (int64_t k0 = 0; k0 < k_pad; k0 += 64) {
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int64_t d0 = 0; d0 < dim; d0 += 32) {
-        const uint32_t* b = keys + (d0 / 2) * k_pad + k0;
-        _tile_loadd(4, q16 + q0 * dim + d0, dim * 2);
-        _tile_loadd(5, b, k_pad * 4);
-        _tile_dpbf16ps(0, 4, 5);
-        _tile_loadd(6, b + 16, k_pad * 4);
-        _tile_dpbf16ps(1, 4, 6);
-        _tile_loadd(5, b + 32, k_pad * 4);
-        _tile_dpbf16ps(2, 4, 5);
-        _tile_loadd(6, b + 48, k_pad * 4);
-        _tile_dpbf16ps(3, 4, 6);
-      }
-      float* c = scores + q0 * k_pad + k0;
-      _tile_stored(0, c, k_pad * 4);
-      _tile_stored(1, c + 16, k_pad * 4);
-      _tile_stored(2, c + 32, k_pad * 4);
-      _tile_stored(3, c + 48, k_pad * 4);
-    }
+    for (int64_t k0 = 0; k0 < k_pad; k0 += 64)
+      four_tile_sums(q16 + q0 * dim, dim, keys + k0, k_pad, 16 * k_pad, dim / 32, scores + q0 * k_pad + k0, k_pad);
   // The softmax along each query's row; weights past what a query sees (and of padding queries) are 0.
   for (int64_t m = 0; m < m_pad; ++m) {
     const float* row = scores + m * k_pad;
@@ -501,26 +523,7 @@ void attend_tiles(int64_t m_count, LoadQueries load_queries, LoadKeys load_keys,
   float* out = work.tile_out.data();
   for (int64_t q0 = 0; q0 < m_pad; q0 += 16)
     for (int64_t d0 = 0; d0 < dim; d0 += 64) {
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int64_t k0 = 0; k0 < k_pad; k0 += 32) {
-        const uint32_t* b = values + (k0 / 2) * dim + d0;
-        _tile_loadd(4, w16 + q0 * k_pad + k0, k_pad * 2);
-        _tile_loadd(5, b, dim * 4);
-        _tile_dpbf16ps(0, 4, 5);
-        _tile_loadd(6, b + 16, dim * 4);
-        _tile_dpbf16ps(1, 4, 6);
-        _tile_loadd(5, b + 32, dim * 4);
-        _tile_dpbf16ps(2, 4, 5);
-        _tile_loadd(6, b + 48, dim * 4);
-        _tile_dpbf16ps(3, 4, 6);
-      }
-      _tile_stored(0, out, 64 * 4);
-      _tile_stored(1, out + 16, 64 * 4);
-      _tile_stored(2, out + 32, 64 * 4);
-      _tile_stored(3, out + 48, 64 * 4);
+      four_tile_sums(w16 + q0 * k_pad, k_pad, values + d0, dim, 16 * dim, k_pad / 32, out, 64);
       for (int64_t r = 0; r < 16 && q0 + r < m_count; ++r)
         std::copy(out + r * 64, out + r * 64 + 64, parts[q0 + r].values() + d0);
     }
@@ -628,22 +631,11 @@ inline bool stored_value_pairs(const Stored& s, int64_t h, int64_t prefix_len, i
                                int64_t dim, uint32_t* out, int64_t k_pad) {
   const int bits = s.bits;
   if (bits > 4 || (dim * bits) % 8 != 0 || dim % 16 != 0) return false;
-  alignas(64) float table[16] = {};
-  alignas(64) int32_t shifts[16];
-  for (int i = 0; i < 16; ++i) shifts[i] = (i % 8) * bits;
-  std::copy(s.centroids, s.centroids + (1 << bits), table);
-  const __m512 codebook = _mm512_load_ps(table);
-  const __m512i shift = _mm512_load_si512(shifts);
-  const __m512i low = _mm512_set1_epi32((1 << bits) - 1);
+  const Codes16 codes16(s);
   auto decoded = [&](int64_t t, int64_t d0) {  // values d0 .. d0 + 15 of key t0 + t, 0 past `count`
     if (t >= count) return _mm512_setzero_ps();
     const uint8_t* row = s.value_codes + (h * prefix_len + t0 + t) * dim * bits / 8;
-    const uint32_t w0 = read_le(row + (d0 / 8) * bits, bits), w1 = read_le(row + (d0 / 8 + 1) * bits, bits);
-    const __m512i words = _mm512_mask_set1_epi32(_mm512_set1_epi32(static_cast<int32_t>(w0)), 0xFF00,
-                                                 static_cast<int32_t>(w1));
-    const __m512i codes = _mm512_and_si512(_mm512_srlv_epi32(words, shift), low);
-    const float norm = static_cast<float>(s.norms[h * s.norm_head + t0 + t]);
-    return _mm512_mul_ps(_mm512_permutexvar_ps(codes, codebook), _mm512_set1_ps(norm));
+    return codes16(row, d0, static_cast<float>(s.norms[h * s.norm_head + t0 + t]));
   };
   for (int64_t kp = 0; kp < k_pad / 2; ++kp)
     for (int64_t d0 = 0; d0 < dim; d0 += 16) {

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from polykv_agents.kernels import native_kernel
+from polykv_agents.kernels import TILES_SWITCH, native_kernel, switched_on
 from polykv_agents.runtime.stored_prefix import StoredLayer
 
 KERNEL_MAX_QUERIES = 24
@@ -73,12 +73,13 @@ def kernel_takes(
     )
 
 
-def grouped_attention(groups: list[KernelGroup], scaling: float, *, tiles: bool = True) -> torch.Tensor:
+def grouped_attention(groups: list[KernelGroup], scaling: float, *, tiles: bool | None = None) -> torch.Tensor:
     """``[sum of rows*width, H, D]``: each group's attention output, groups in order, in the query's dtype.
 
     ``tiles``: bfloat16 groups use AMX tile products where the CPU has them (:func:`tiles_available`); ``False``
-    keeps every group on the vector path."""
+    keeps every group on the vector path; ``None``: as ``POLYKV_AGENTS_TILES`` says (on unless ``0``)."""
     kernel = native_kernel("grouped_attention")
+    tiles = switched_on(TILES_SWITCH) if tiles is None else tiles
     query = groups[0].query if len(groups) == 1 else torch.cat([g.query for g in groups], dim=1)
     none = query.new_empty(0)  # a stored group's decoded prefix, which it has not
     with torch.profiler.record_function(PROFILE_LABEL):
@@ -98,7 +99,7 @@ def grouped_attention(groups: list[KernelGroup], scaling: float, *, tiles: bool 
 
 
 def tiles_available() -> bool:
-    """Whether the kernel computes bfloat16 groups with AMX tiles here (built for a CPU with AMX, and granted by
-    the OS); ``False`` where the kernel is not built."""
+    """Whether the kernel computes bfloat16 groups with AMX tiles here (built for a CPU with AMX, granted by the OS,
+    not switched off by ``POLYKV_AGENTS_TILES=0``); ``False`` where the kernel is not built."""
     kernel = native_kernel("grouped_attention")
-    return kernel is not None and kernel.tiles_available()
+    return kernel is not None and switched_on(TILES_SWITCH) and kernel.tiles_available()

@@ -10,7 +10,7 @@ The kernel (:mod:`polykv_agents.kernels`, ``grouped_attention.cpp``) attends ove
 
 Every tensor of a :class:`StoredLayer` is a view of the pool's tensors except the key scale as float32
 ``[KVH, D]``, the codebook and the rotation: a few KiB per layer, whatever the document's length
-(:attr:`StoredLayer.extra_nbytes`). Other codecs (narrower keys, keys compressed before RoPE, centered values)
+(:meth:`StoredLayer.extra_tensors`). Other codecs (narrower keys, keys compressed before RoPE, centered values)
 have no stored form: their prefix is decoded layer by layer (:class:`~polykv_agents.runtime.shared_prefix.
 SharedPrefix`).
 """

@@ -181,3 +181,32 @@ def test_peers_without_their_extra_say_what_to_install_before_measuring(monkeypa
     assert result.exit_code == 1
     assert 'pip install "polykv-agents[peers]"' in result.stderr and "Traceback" not in result.output
     assert not list(tmp_path.iterdir())  # nothing measured, nothing written
+
+
+@pytest.mark.parametrize(("cache_types", "expected"), [(None, (1, 1)), (["q8_0", "q4_0"], (8, 2))])
+def test_the_llama_cpp_side_opens_its_context_with_the_cache_types_asked(monkeypatch, tmp_path, cache_types, expected):
+    import json
+    import sys
+    import types
+
+    opened = {}
+
+    class RecordingLlama(FakeLlama):
+        def __init__(self, **kwargs) -> None:
+            super().__init__()
+            opened.update(kwargs)
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=RecordingLlama))
+    request = {"model_path": "m.gguf", "n_ctx": 64, "threads": 2, "flash_attn": True, "cache_types": cache_types,
+               "reset_every_call": False}  # fmt: skip
+    (tmp_path / "request.json").write_text(json.dumps(request))
+    llamacpp_side.main(str(tmp_path / "request.json"), str(tmp_path / "result.json"))
+    assert (opened["type_k"], opened["type_v"]) == expected and opened["flash_attn"]
+    assert json.loads((tmp_path / "result.json").read_text())["reviews"] == []
+
+
+def test_a_llama_cpp_row_names_its_cache_only_when_quantized():
+    from benchmarks.studies.peers import QUANTIZED_CACHE, llama_cpp_method
+
+    assert llama_cpp_method("Q4_1", True) == "llama.cpp (Q4_1), prefix reuse, flash attention on"
+    assert llama_cpp_method("Q4_1", True, QUANTIZED_CACHE).endswith("flash attention on, cache q8_0/q4_0")

@@ -85,6 +85,19 @@ def test_the_tile_path_equals_the_vector_path_within_bfloat16_rounding(built):
             assert not torch.equal(tiles, vectors)  # the tiles did run: bfloat16 products, another rounding
 
 
+def test_the_tiles_switch_keeps_the_vector_path_and_says_tiles_are_not_available(built, monkeypatch):
+    if not tiles_available():
+        pytest.skip("this CPU (or this build) has no AMX tiles: the vector path serves")
+    gen = torch.Generator().manual_seed(5)
+    stored, _ = _groups(gen, _layer(gen, kv_heads=3, tokens=400, dim=64), rows=4, width=1, groups=3, suffix=30,
+                        dtype=torch.bfloat16)  # fmt: skip
+    tiles, vectors = (grouped_attention([stored], 0.125, tiles=t) for t in (True, False))
+    assert torch.equal(grouped_attention([stored], 0.125), tiles)  # on unless switched off
+    monkeypatch.setenv("POLYKV_AGENTS_TILES", "0")
+    assert torch.equal(grouped_attention([stored], 0.125), vectors) and not torch.equal(tiles, vectors)
+    assert not tiles_available()  # so runtime="auto" keeps a decoded prefix
+
+
 def test_a_stored_group_is_the_same_beside_decoded_groups(built):
     gen = torch.Generator().manual_seed(11)
     stored, reference = _groups(gen, _layer(gen, kv_heads=2, tokens=500, dim=64), rows=3, width=1, groups=2,
