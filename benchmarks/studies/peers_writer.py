@@ -288,11 +288,13 @@ def write_peers(result: SuiteResult, out_dir: Path) -> list[Path]:
         "graph's order, the calls the pooled graph's last run made (`benchmarks/studies/recording.py`), each "
         "decoding exactly as many tokens, greedily. Stages of llama.cpp are the sums of its calls; its document "
         "prefill falls in the planner's call. TTFT from scratch: nothing processed before (document and prompt "
-        "prefilled); cold: the document processed before but not resident (ours: a built pool and a fresh engine, "
-        "which decodes the prefix; llama.cpp: its saved state of the document loaded into an empty context); "
-        "warm: the document resident, only the prompt is new. llama.cpp's KV is the size of its saved state "
-        "with the document in it (f16 KV); ours is the pool, and, while decoding, the pool plus its decoded "
-        "prefix. " + rss_note(result.settings),
+        "prefilled); cold: the document processed before but not resident (ours: a built pool and a fresh engine; "
+        "llama.cpp: its saved state of the document loaded into an empty context); warm: the document resident, "
+        "only the prompt is new. llama.cpp's KV is the size of its saved state with the document in it (an f16 "
+        "cache, or keys q8_0 and values q4_0 in the rows that name that cache); ours is the pool, and, while "
+        "decoding, the pool and what the default runtime holds beside it (a few KiB where it reads the pool as "
+        "stored, as the default does on a CPU with AMX tiles; a decoded prefix where it does not, as with compiled "
+        "steps). " + rss_note(result.settings),
         *([formats_note(result.settings["model_file"], result.info.dtype, result.settings.get("gguf_f16", False))]
           if "model_file" in result.settings else []),
         "Where each side stands " + winners_caption(result.settings) + ":\n\n" + "\n".join(winners_lines(engines)),

@@ -10,6 +10,11 @@ model).
   changed file or an upgrade converts again; an old entry is simply never read again.
 - **Where**: ``$POLYKV_CACHE_DIR``, else ``$XDG_CACHE_HOME/polykv_agents``, else ``~/.cache/polykv_agents``;
   entries under ``gguf/``. ``POLYKV_GGUF_CACHE=0`` turns the cache off.
+- **One entry per dtype**: the fp32 conversion, and beside it, once a process asks for the model in another dtype,
+  that cast (``...-bfloat16``). transformers maps a checkpoint stored in the dtype it is asked for straight into
+  the model's tensors (the file's pages are the weights); reading the fp32 entry into bf16 held the file's fp32
+  pages and the cast copy at once: a load's peak RSS of 1,263 MiB against 750 after it, for the embedded model
+  in bf16 (``python -m benchmarks.probes.rss_census``).
 - **Safe to share**: an entry is written to a temporary folder beside it and renamed into place, so another
   process never reads half of one; a cache that cannot be written is skipped with a warning (the load
   itself goes on from the GGUF file).
@@ -26,6 +31,7 @@ import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
+import torch
 from safetensors.torch import save_model
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -56,19 +62,21 @@ def _file_sha256(path: Path, size: int, mtime_ns: int) -> str:
     return digest.hexdigest()
 
 
-def entry_for(gguf: Path) -> Path | None:
-    """Where the checkpoint converted from ``gguf`` lives (whether or not it exists yet); ``None`` when off."""
+def entry_for(gguf: Path, dtype: torch.dtype = torch.float32) -> Path | None:
+    """Where the checkpoint converted from ``gguf`` lives in ``dtype`` (whether or not it exists yet); ``None``
+    when off. The fp32 entry's name has no dtype: entries written before dtypes had entries are still read."""
     root = cache_root()
     if root is None:
         return None
     stat = gguf.stat()
     sha = _file_sha256(gguf, stat.st_size, stat.st_mtime_ns)
-    return root / f"{gguf.stem}-{sha[:16]}-transformers{version('transformers')}-gguf{version('gguf')}"
+    suffix = "" if dtype == torch.float32 else f"-{str(dtype).removeprefix('torch.')}"
+    return root / f"{gguf.stem}-{sha[:16]}-transformers{version('transformers')}-gguf{version('gguf')}{suffix}"
 
 
-def cached_checkpoint(gguf: Path) -> Path | None:
-    """The converted checkpoint of ``gguf``, if a complete one is in the cache."""
-    entry = entry_for(gguf)
+def cached_checkpoint(gguf: Path, dtype: torch.dtype = torch.float32) -> Path | None:
+    """The checkpoint of ``gguf`` in ``dtype``, if a complete one is in the cache."""
+    entry = entry_for(gguf, dtype)
     return entry if entry is not None and (entry / _COMPLETE).is_file() else None
 
 
@@ -86,10 +94,11 @@ def _save_model(model: PreTrainedModel, directory: Path) -> None:
 
 
 def save_checkpoint(gguf: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Path | None:
-    """Save ``model`` (as loaded from ``gguf``, before any cast) and ``tokenizer`` as its cache entry.
+    """Save ``model`` (as loaded from ``gguf`` in fp32, or cast from that to another dtype) and ``tokenizer`` as
+    its cache entry in the model's dtype.
 
     Returns the entry, or ``None`` when the cache is off or could not be written (a warning says why)."""
-    entry = entry_for(gguf)
+    entry = entry_for(gguf, model.dtype)
     if entry is None:
         return None
     try:

@@ -24,6 +24,7 @@ from polykv_agents.model import gguf_cache
 from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.model.device import resolve_device
 from polykv_agents.model.dtype import DtypeName, resolve_dtype
+from polykv_agents.model.heap import release_free_heap
 from polykv_agents.model.weights import Weights, check_weights, quantize_weights
 
 logger = logging.getLogger(__name__)
@@ -95,12 +96,14 @@ def _load(
     embedded = name_or_path in (None, DEFAULT_MODEL)
     if embedded or str(name_or_path).endswith(".gguf"):
         gguf = embedded_model_file() if embedded else _gguf_file(name_or_path)
-        model, tokenizer = _load_gguf(gguf, name_or_path)  # fp32, cast below
+        model, tokenizer = _load_gguf(gguf, name_or_path, dtype or torch.float32)
     else:
         model, tokenizer = _from_pretrained(name_or_path, {"local_files_only": True}, dtype or "auto", name_or_path)
     model.to(device=device, dtype=dtype)
     model.eval()
-    quantize_weights(model, weights)  # after the cast: scales are stored in the model's dtype
+    if quantize_weights(model, weights):  # after the cast: scales are stored in the model's dtype
+        _own_copies(model)
+    release_free_heap()  # what de-quantising and quantizing passed through
     if embedded:  # not the GGUF file's folder, whichever way it was asked for
         model.config.name_or_path = DEFAULT_MODEL
     elif str(name_or_path).endswith(".gguf"):
@@ -108,18 +111,48 @@ def _load(
     return model, tokenizer
 
 
-def _load_gguf(gguf: Path, asked_for: str | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """De-quantised to fp32 (transformers' fastest GGUF path) once per file, then read from the user's cache
-    (see :mod:`polykv_agents.model.gguf_cache`); saved before any cast, so every dtype is read from one entry."""
-    if converted := gguf_cache.cached_checkpoint(gguf):
-        try:
-            return _from_pretrained(str(converted), {"local_files_only": True}, torch.float32, asked_for)
-        except Exception as error:  # a damaged entry (whatever its reader raises) is converted again
-            logger.warning("Cached conversion %s unreadable (%s); converting %s again", converted, error, gguf)
-            gguf_cache.discard(converted)
-    model, tokenizer = _from_pretrained(str(gguf.parent), {"gguf_file": gguf.name}, torch.float32, asked_for)
-    gguf_cache.save_checkpoint(gguf, model, tokenizer)
+def _own_copies(model: PreTrainedModel) -> None:
+    """Copy the tensors a quantized model still reads (its embedding, norms) out of the checkpoint file they may map.
+
+    A checkpoint read in its own dtype maps the file's pages into the weights (no copy). Once the linear layers are
+    quantized, their native weights are gone but their pages stay resident for as long as any tensor maps the file:
+    257 MiB of the embedded model's bf16 file for a 54 MiB embedding (``benchmarks/probes/rss_census.py``)."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:  # tied parameters: one object, copied once
+            tensor.data = tensor.data.clone()
+
+
+def _load_gguf(
+    gguf: Path, asked_for: str | None, dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """In ``dtype``, from the user's cache (see :mod:`polykv_agents.model.gguf_cache`): its entry in ``dtype``, else
+    its fp32 entry cast (and saved as the ``dtype`` entry), else the GGUF file de-quantised to fp32 (transformers'
+    fastest GGUF path; saved as the fp32 entry) and cast."""
+    if (cached := _read_cached(gguf, dtype, asked_for)) is not None:
+        return cached
+    if (converted := _read_cached(gguf, torch.float32, asked_for)) is None:
+        converted = _from_pretrained(str(gguf.parent), {"gguf_file": gguf.name}, torch.float32, asked_for)
+        gguf_cache.save_checkpoint(gguf, *converted)
+    model, tokenizer = converted
+    if dtype != torch.float32:
+        model.to(dtype)
+        gguf_cache.save_checkpoint(gguf, model, tokenizer)
     return model, tokenizer
+
+
+def _read_cached(
+    gguf: Path, dtype: torch.dtype, asked_for: str | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase] | None:
+    """``gguf``'s cache entry in ``dtype``, read; ``None`` without one. A damaged entry (whatever its reader raises)
+    is discarded, and read as missing."""
+    if (entry := gguf_cache.cached_checkpoint(gguf, dtype)) is None:
+        return None
+    try:
+        return _from_pretrained(str(entry), {"local_files_only": True}, dtype, asked_for)
+    except Exception as error:
+        logger.warning("Cached conversion %s unreadable (%s); converting %s again", entry, error, gguf)
+        gguf_cache.discard(entry)
+        return None
 
 
 def _from_pretrained(

@@ -65,6 +65,11 @@ class _QuantizedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+QUANTIZE_ROWS = 4096
+"""Output channels quantized at a time: a large matrix's float32 temporaries stay a few MiB (the embedded model's
+output head, 49,152 x 576, passed through three of 108 MiB at once, the load's peak RSS)."""
+
+
 class Int8Linear(_QuantizedLinear):
     """A linear layer with symmetric int8 weights, one scale per output channel.
 
@@ -74,14 +79,19 @@ class Int8Linear(_QuantizedLinear):
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__(linear)
         weight = linear.weight.detach()
-        full = weight.float()
-        # The smallest normal number of the stored dtype: an all-zero row (pruned, padding) needs a scale that
-        # survives the cast, or its codes would be 0 / 0.
-        scales = (full.abs().amax(dim=1) / 127).clamp_min(torch.finfo(weight.dtype).tiny)  # [N]
-        scales = scales.to(weight.dtype).float()  # the codes are chosen against the scale that is stored
-        codes = torch.round(full / scales[:, None]).clamp(-127, 127).to(torch.int8)
+        codes = torch.empty(weight.shape, dtype=torch.int8)
+        scales = torch.empty(weight.shape[0], dtype=weight.dtype)
+        for start in range(0, weight.shape[0], QUANTIZE_ROWS):
+            rows = slice(start, start + QUANTIZE_ROWS)
+            full = weight[rows].float()
+            # The smallest normal number of the stored dtype: an all-zero row (pruned, padding) needs a scale that
+            # survives the cast, or its codes would be 0 / 0.
+            row_scales = (full.abs().amax(dim=1) / 127).clamp_min(torch.finfo(weight.dtype).tiny)
+            row_scales = row_scales.to(weight.dtype).float()  # the codes are chosen against the scale that is stored
+            codes[rows] = torch.round(full / row_scales[:, None]).clamp(-127, 127)  # whole numbers: cast exactly
+            scales[rows] = row_scales
         self.register_buffer("qweight", codes)
-        self.register_buffer("scales", scales.to(weight.dtype))
+        self.register_buffer("scales", scales)
 
     def _matmul(self, rows: torch.Tensor) -> torch.Tensor:
         scales = self.scales.to(rows.dtype)

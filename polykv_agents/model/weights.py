@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from polykv_agents.model.heap import release_free_heap
 from polykv_agents.model.quantized_linear import Int4Linear, Int8Linear, int4_supported
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ def quantize_weights(model: PreTrainedModel, weights: Weights) -> int:
                 elif weights == "int8" or child is output:
                     setattr(parent, name, Int8Linear(child))
                     swapped += 1
+                    release_free_heap()
                 elif int4_supported(child):
                     setattr(parent, name, Int4Linear(child))
                     swapped += 1

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from polykv_agents.model.heap import release_free_heap
 from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.runtime.block_store import BlockStore
 from polykv_agents.runtime.call_limit import DEFAULT_MAX_CALLS, DEFAULT_WAIT_SECONDS, CallLimit
@@ -226,6 +227,7 @@ class SchedulerTable:
             if per_model.get(key) is scheduler:
                 del per_model[key]
         logger.debug("scheduler for pool %s retired after %.0f s idle", key[0][:12], scheduler.idle_seconds or 0)
+        release_free_heap()  # the burst of calls it served is over: its scratch need not stay in the RSS
         return True
 
 

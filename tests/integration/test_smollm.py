@@ -78,6 +78,36 @@ def test_the_gguf_file_converted_once_loads_from_the_cache_as_the_same_model(smo
         assert torch.equal(cached(ids).logits, direct(ids).logits)
 
 
+@pytest.mark.parametrize("weights", ["native", "int8"])
+def test_the_model_in_bf16_is_read_from_its_own_entry_as_the_fp32_conversion_cast(smollm, weights):
+    """Read in the dtype it is stored in, the checkpoint's file is the weights (no fp32 copy beside them at load):
+    the same tensors as the fp32 conversion cast, quantized the same way."""
+    reference, _ = load_model_uncached(None, torch.float32, "cpu")
+    first, _ = load_model_uncached(None, torch.bfloat16, "cpu", weights)  # writes the bf16 entry if missing
+    assert gguf_cache.cached_checkpoint(embedded_model_file(), torch.bfloat16) is not None
+    read, _ = load_model_uncached(None, torch.bfloat16, "cpu", weights)
+    assert read.dtype == torch.bfloat16
+    assert all(torch.equal(read.state_dict()[name], t) for name, t in first.state_dict().items())
+    cast = {name: t.bfloat16() for name, t in reference.state_dict().items()}
+    same_names = cast.keys() & read.state_dict().keys()  # int8: the embedding and norms (linears are swapped)
+    assert "model.embed_tokens.weight" in same_names
+    assert all(torch.equal(read.state_dict()[name], cast[name]) for name in same_names)
+    # Native: the weights are the file's pages. Quantized: nothing maps the file, whose pages would stay resident.
+    mapped = [t for t in [*read.parameters(), *read.buffers()] if _maps_a_checkpoint(t)]
+    assert (len(mapped) > 0) == (weights == "native")
+
+
+def _maps_a_checkpoint(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s data lies in a mapping of a ``.safetensors`` file of this process (Linux)."""
+    address = tensor.data_ptr()
+    for line in open("/proc/self/maps", encoding="utf-8"):  # noqa: SIM115 (a short read in a test)
+        span, *rest = line.split()
+        start, end = (int(x, 16) for x in span.split("-"))
+        if start <= address < end and rest[-1].endswith(".safetensors"):
+            return True
+    return False
+
+
 def test_full_precision_pool_reproduces_plain_generate(smollm, chat_document):
     model, tokenizer = smollm
     pool = SharedKVPool.prefill(model, tokenizer, chat_document, config=CompressionConfig.full_precision())

@@ -73,12 +73,12 @@ def test_an_entry_without_its_completion_mark_is_not_used(cache_dir, gguf_file, 
     assert gguf_cache.cached_checkpoint(gguf_file) is None
 
 
-def test_a_cache_that_cannot_be_written_is_skipped_with_a_warning(tmp_path, monkeypatch, gguf_file, caplog):
+def test_a_cache_that_cannot_be_written_is_skipped_with_a_warning(tmp_path, monkeypatch, gguf_file, tiny_model, caplog):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache folder would go")
     monkeypatch.setenv(gguf_cache.CACHE_DIR_ENV_VAR, str(blocker))
     with caplog.at_level(logging.WARNING, logger=gguf_cache.__name__):
-        assert gguf_cache.save_checkpoint(gguf_file, torch.nn.Linear(1, 1), None) is None
+        assert gguf_cache.save_checkpoint(gguf_file, tiny_model, None) is None
     assert gguf_cache.CACHE_DIR_ENV_VAR in caplog.text and f"{gguf_cache.SWITCH_ENV_VAR}=0" in caplog.text
 
 
@@ -139,3 +139,49 @@ def test_loading_converts_once_then_reads_the_entry_and_converts_a_damaged_one_a
     model, _ = loading._load_gguf(gguf_file, str(gguf_file))  # the new entry is read again
     assert sources[-1] == "cache"
     assert torch.equal(model.model.embed_tokens.weight, tiny_model.model.embed_tokens.weight)
+
+
+def test_an_entry_in_another_dtype_has_its_own_name_and_the_fp32_name_is_unchanged(cache_dir, gguf_file):
+    fp32 = gguf_cache.entry_for(gguf_file)
+    assert gguf_cache.entry_for(gguf_file, torch.float32) == fp32 and not fp32.name.endswith("float32")
+    assert gguf_cache.entry_for(gguf_file, torch.bfloat16) == fp32.with_name(fp32.name + "-bfloat16")
+
+
+def test_a_load_in_another_dtype_saves_that_cast_once_then_reads_it(cache_dir, gguf_file, tiny_model, monkeypatch):
+    """Read in its own dtype, a checkpoint maps the file into the weights: no float32 copy beside them."""
+    import copy
+
+    from tiny_models import tiny_tokenizer
+
+    sources = []
+    real_from_pretrained = loading._from_pretrained
+
+    def from_pretrained(source, kwargs, dtype, asked_for):
+        sources.append(("gguf" if "gguf_file" in kwargs else source.rsplit("-", 1)[-1], dtype))
+        if "gguf_file" in kwargs:
+            return copy.deepcopy(tiny_model), tiny_tokenizer()
+        return real_from_pretrained(source, kwargs, dtype, asked_for)
+
+    monkeypatch.setattr(loading, "_from_pretrained", from_pretrained)
+    first, _ = loading._load_gguf(gguf_file, str(gguf_file), torch.bfloat16)  # converted, cast, both saved
+    second, _ = loading._load_gguf(gguf_file, str(gguf_file), torch.bfloat16)
+    third, _ = loading._load_gguf(gguf_file, str(gguf_file), torch.float32)
+    assert [dtype for _, dtype in sources] == [torch.float32, torch.bfloat16, torch.float32]
+    assert sources[0][0] == "gguf" and sources[1][0] == "bfloat16" and sources[2][0] != "bfloat16"
+    assert first.dtype == second.dtype == torch.bfloat16 and third.dtype == torch.float32
+    for name, expected in tiny_model.state_dict().items():
+        assert torch.equal(second.state_dict()[name], expected.bfloat16()), name
+        assert torch.equal(third.state_dict()[name], expected), name
+
+
+def test_a_quantized_model_owns_copies_of_the_tensors_it_still_reads(tiny_model):
+    import copy
+
+    model = copy.deepcopy(tiny_model)
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as the embedded model's head is
+    expected = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    before = {name: p.data_ptr() for name, p in model.named_parameters()}
+    loading._own_copies(model)
+    assert all(p.data_ptr() != before[name] for name, p in model.named_parameters())
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # still one tensor, copied once
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in expected.items())

@@ -38,6 +38,18 @@ def test_int8_computes_its_dequantized_weight_on_both_paths(rows):
     assert (dequantized - linear.weight).abs().max() <= 0.5 * layer.scales.max() + 1e-7
 
 
+def test_int8_quantizes_a_large_matrix_in_row_blocks_exactly_as_whole(monkeypatch):
+    """Blocks of rows keep the load's float32 temporaries small; the codes and scales are the same."""
+    import polykv_agents.model.quantized_linear as quantized_linear
+
+    linear = _linear(37, 64, seed=3).bfloat16()
+    whole = Int8Linear(linear)
+    monkeypatch.setattr(quantized_linear, "QUANTIZE_ROWS", 5)  # 8 blocks, the last one short
+    blocks = Int8Linear(linear)
+    assert torch.equal(blocks.qweight, whole.qweight) and torch.equal(blocks.scales, whole.scales)
+    assert blocks.scales.dtype == torch.bfloat16
+
+
 def test_int8_keeps_leading_dimensions_and_the_activation_dtype():
     layer = Int8Linear(_linear(32, 64).to(torch.bfloat16))
     x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
