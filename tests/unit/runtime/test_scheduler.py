@@ -137,9 +137,14 @@ def test_a_failed_step_reaches_the_caller_instead_of_hanging(model, tiny_tok, po
     scheduler.close()
 
 
-def test_an_idle_scheduler_retires_and_the_next_request_starts_a_fresh_one(model, tiny_tok, caplog):
+def test_an_idle_scheduler_retires_and_the_next_request_starts_a_fresh_one(model, tiny_tok, caplog, monkeypatch):
     """A long-lived process that reads many pools keeps only recently used schedulers (threads, decoded
-    prefixes) alive; a request after retirement is served as before."""
+    prefixes) alive, and hands the heap's free pages back when one retires; a request after retirement is served as
+    before."""
+    from polykv_agents.runtime import scheduler_table
+
+    released = []
+    monkeypatch.setattr(scheduler_table, "release_free_heap", lambda: released.append(1) or True)
     engine = Engine(scheduler_idle_seconds=0.6)
     pool = SharedKVPool.prefill(model, tiny_tok, "A document no other test reads, so no scheduler has it yet.")
     agent = PooledAgent(pool, model, tiny_tok, engine=engine)
@@ -150,6 +155,7 @@ def test_an_idle_scheduler_retires_and_the_next_request_starts_a_fresh_one(model
         retired._thread.join(timeout=10)  # its worker ends once idle for 0.6 s
     assert not retired._thread.is_alive()
     assert f"scheduler for pool {pool.digest[:12]} retired after 1 s idle" in caplog.messages
+    assert released == [1]
     with pytest.raises(
         RuntimeError, match=r"this scheduler is closed; submit through a SchedulerTable \(an Engine's\)"
     ):
