@@ -23,23 +23,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from polykv_agents.bench.stats import median_call_seconds
+
 
 def _median_us(run: Callable[[], object], reps: int) -> float:
-    for _ in range(max(3, reps // 10)):
-        run()
-    times = []
-    for _ in range(reps):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1e6
+    return median_call_seconds(run, reps, warmups=max(3, reps // 10)) * 1e6
 
 
 def _int8_per_row(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

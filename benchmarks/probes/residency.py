@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -28,6 +26,7 @@ import torch
 def _layer_ms(pool, rows: int, width: int, tiles: bool | None, stored: bool, reps: int = 20) -> float:
     """Median ms of one layer's attention (layer 0 of ``pool``) for ``rows`` rows of ``width`` tokens, in bfloat16;
     ``tiles=None``: PyTorch's fused kernel over the decoded prefix (the prefix part only)."""
+    from polykv_agents.bench.stats import median_call_seconds
     from polykv_agents.runtime.cascade_attention import _attend
     from polykv_agents.runtime.grouped_attention import KernelGroup, grouped_attention
     from polykv_agents.runtime.stored_prefix import stored_layer
@@ -45,14 +44,7 @@ def _layer_ms(pool, rows: int, width: int, tiles: bool | None, stored: bool, rep
         prefix = (None, None, stored_layer(pool.layers[0])) if stored else (keys, values, None)
         group = KernelGroup(query, prefix[0], prefix[1], suffix_keys, suffix_values, starts, past, width, prefix[2])
         run = lambda: grouped_attention([group], dim**-0.5, tiles=tiles)  # noqa: E731
-    for _ in range(3):
-        run()
-    times = []
-    for _ in range(reps):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1e3
+    return median_call_seconds(run, reps, warmups=3) * 1e3
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable, Sequence
 
 from pydantic import BaseModel
@@ -55,6 +56,18 @@ def median_after_warmup(repetitions: int, measure: Callable[[], float]) -> float
     allocations, thread start)."""
     measure()
     return statistics.median(measure() for _ in range(repetitions))
+
+
+def median_call_seconds(run: Callable[[], object], repetitions: int, warmups: int) -> float:
+    """The median wall seconds of ``repetitions`` calls of ``run`` after ``warmups`` untimed ones."""
+    for _ in range(warmups):
+        run()
+    times = []
+    for _ in range(repetitions):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 class PairedComparison(BaseModel):

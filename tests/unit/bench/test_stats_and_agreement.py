@@ -65,3 +65,18 @@ def test_median_after_warmup_drops_the_first_call():
 
     values = iter([100.0, 3.0, 1.0, 2.0])
     assert median_after_warmup(3, lambda: next(values)) == 2.0  # the 100 s warm-up is not a sample
+
+
+def test_median_call_seconds_times_each_call_after_its_warm_ups():
+    import time
+
+    from polykv_agents.bench.stats import median_call_seconds
+
+    calls = []
+
+    def run():
+        calls.append(1)
+        time.sleep(0.01 if len(calls) > 2 else 0.2)  # the two warm-ups are slow and left out
+
+    seconds = median_call_seconds(run, 5, warmups=2)
+    assert len(calls) == 7 and 0.009 < seconds < 0.1
