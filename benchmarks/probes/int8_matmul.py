@@ -1,18 +1,21 @@
-"""Probe: one decode step's matrix products for 1 to 32 rows, in each weight format the CPU offers, side by side.
+"""Probe: one decode step's matrix products for 1 to 32 rows in each int8 form the CPU offers, and what int8
+activations would cost in perplexity.
 
-For every distinct linear shape of the embedded SmolLM2 (its own weights: layer 0's projections and the output
-head), the median microseconds of:
+**Time.** For the embedded SmolLM2 in bfloat16, every linear layer of the model in turn (its own weights, so they
+come from memory as in a decode step, not from a core's cache), the median ms of one step's products in:
 
 - ``bf16``: ``F.linear`` over the bfloat16 weights (oneDNN);
-- ``int8 weight-only``: ``torch._weight_int8pack_mm``, int8 weights with one scale per output channel and
-  bfloat16 activations (what ``weights="int8"`` runs today);
-- ``int8 x int8``: ``torch._int_mm`` over int8 weights and activations quantized per row on the fly (absmax),
-  with the quantization and the rescale as PyTorch operators, and ``torch._int_mm`` alone (the bound a fused
-  quantization would approach).
+- ``int8 weight-only kernel``: ``torch._weight_int8pack_mm`` (int8 weights, one scale per output channel,
+  bfloat16 activations), what ``weights="int8"`` ran up to ``KERNEL_MAX_ROWS`` rows before the tile kernel;
+- ``int8 dequantized``: the weight widened to bfloat16, then ``F.linear`` (the path above that);
+- ``int8 tiles``: the native kernel ``int8_linear`` (:mod:`polykv_agents.model.int8_tiles`), where built;
+- ``int8 x int8``: ``torch._int_mm`` over int8 weights and activations quantized per row (absmax), alone and with
+  the quantization and rescale as PyTorch operators.
 
-Rows are the decode step's batch (agents). A step's sum over the model weights each shape by its count
-(7 per layer x layers, the head once). Activations are random normal: this probe is about time, not accuracy (the
-max abs difference from the float32 product is printed as a sanity check only). Writes ``--out`` (JSON):
+**Perplexity** (``--documents``): the mean per-token NLL of ``--tokens``-token pydoc_data.topics documents,
+teacher-forced in one forward pass, for the native model and for int8 weights computed by each path: the stored
+dequantized product, the tile kernel (16 rows per call, as in decode), and int8 activations per row or per group
+of 32 input features (llama.cpp's Q8_0 block; emulated in float). The interval is over documents.
 
     python -m benchmarks.probes.int8_matmul --out benchmarks/results/issue42/int8_matmul.json
 
@@ -23,50 +26,132 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import nn
 
-from polykv_agents.bench.stats import median_call_seconds
-
-
-def _median_us(run: Callable[[], object], reps: int) -> float:
-    return median_call_seconds(run, reps, warmups=max(3, reps // 10)) * 1e6
+from polykv_agents.bench.stats import mean_interval, median_call_seconds
+from polykv_agents.model.int8_tiles import TILE_MAX_ROWS, pack, tile_matmul, tiles_available
 
 
-def _int8_per_row(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _per_row_int8(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``matrix [R, C]`` as int8 codes and one float32 scale per row (absmax / 127)."""
-    scale = matrix.float().abs().amax(1, keepdim=True).clamp(min=1e-8) / 127
+    scale = (matrix.float().abs().amax(1, keepdim=True) / 127).clamp_min(torch.finfo(torch.float32).tiny)
     return (matrix.float() / scale).round().clamp(-127, 127).to(torch.int8), scale
 
 
-def measure(weight: torch.Tensor, rows: int, reps: int) -> dict[str, float]:
-    """Median microseconds of each format's product of ``rows`` random rows with ``weight [N, K]`` (bfloat16)."""
-    codes, scale = _int8_per_row(weight)
-    codes_t = codes.t().contiguous()  # [K, N]: torch._int_mm's right operand
+def _linears(model) -> list[nn.Module]:
+    """Every linear layer of a decode step, in the order a step runs them (the output layer last)."""
+    layers = [m for m in model.model.layers.modules() if isinstance(m, nn.Linear)]
+    return [*layers, model.lm_head]
+
+
+def step_products(weights: list[torch.Tensor], rows: int, reps: int) -> dict[str, float]:
+    """Median ms of one step's products of ``rows`` random rows with each of ``weights`` (``[N, K]`` bfloat16)."""
+    codes, scales = zip(*(_per_row_int8(w) for w in weights), strict=True)
     gen = torch.Generator().manual_seed(rows)
-    x = torch.randn(rows, weight.shape[1], generator=gen).bfloat16()
+    xs = [torch.randn(rows, w.shape[1], generator=gen).bfloat16() for w in weights]
+    x_codes = [_per_row_int8(x) for x in xs]
+    codes_t = [c.t().contiguous() for c in codes]
+    bf16_scales = [s[:, 0].bfloat16() for s in scales]
 
-    def int8_x_int8() -> torch.Tensor:
-        x_codes, x_scale = _int8_per_row(x)
-        return (torch._int_mm(x_codes, codes_t).float() * x_scale * scale.t()).bfloat16()
+    def int8_x_int8() -> None:
+        for x, c, s in zip(xs, codes_t, scales, strict=True):
+            xc, xs_ = _per_row_int8(x)
+            (torch._int_mm(xc, c).float() * xs_ * s.t()).bfloat16()
 
-    x_codes, _ = _int8_per_row(x)
-    exact = torch.nn.functional.linear(x.float(), weight.float())
-    return {
-        "bf16": _median_us(lambda: torch.nn.functional.linear(x, weight), reps),
-        "int8 weight-only": _median_us(lambda: torch._weight_int8pack_mm(x, codes, scale[:, 0].bfloat16()), reps),
-        "int8 x int8, quantized in PyTorch": _median_us(int8_x_int8, reps),
-        "int8 x int8, product alone": _median_us(lambda: torch._int_mm(x_codes, codes_t), reps),
-        "int8 x int8 max abs difference": (int8_x_int8().float() - exact).abs().max().item(),
+    formats: dict[str, Callable[[], object]] = {
+        "bf16": lambda: [nn.functional.linear(x, w) for x, w in zip(xs, weights, strict=True)],
+        "int8 weight-only kernel": lambda: [
+            torch._weight_int8pack_mm(x, c, s) for x, c, s in zip(xs, codes, bf16_scales, strict=True)
+        ],
+        "int8 dequantized": lambda: [
+            nn.functional.linear(x, c.bfloat16()) * s for x, c, s in zip(xs, codes, bf16_scales, strict=True)
+        ],
+        "int8 x int8, quantized in PyTorch": int8_x_int8,
+        "int8 x int8, product alone": lambda: [
+            torch._int_mm(xc, c) for (xc, _), c in zip(x_codes, codes_t, strict=True)
+        ],
     }
+    if tiles_available() and rows <= TILE_MAX_ROWS:
+        packed = [pack(c) for c in codes]
+        flat_scales = [s[:, 0].contiguous() for s in scales]
+        formats["int8 tiles"] = lambda: [tile_matmul(x, p, s) for x, p, s in zip(xs, packed, flat_scales, strict=True)]
+    return {name: median_call_seconds(run, reps, warmups=3) * 1e3 for name, run in formats.items()}
+
+
+def _in_row_blocks(layer, rows: torch.Tensor) -> torch.Tensor:
+    """The tile kernel over any number of rows, 16 at a time (each row's result is its own, as in decode)."""
+    codes = pack(layer.codes())
+    scales = layer.scales.float()
+    return torch.cat([tile_matmul(block, codes, scales) for block in rows.split(TILE_MAX_ROWS)])
+
+
+def _int8_activations(group: int | None) -> Callable:
+    """An ``Int8Linear._matmul`` with int8 activations: one scale per row (``group=None``) or per ``group`` input
+    features of a row, emulated in float (exact products of the codes, summed in float32)."""
+
+    def matmul(layer, rows: torch.Tensor) -> torch.Tensor:
+        x = rows.float()
+        m, k = x.shape
+        width = group or k
+        padded = nn.functional.pad(x, (0, -k % width)).view(m, -1, width)
+        codes, scale = _per_row_int8(padded.reshape(-1, width))
+        dequantized = (codes.float() * scale).view(m, -1)[:, :k]
+        return (dequantized @ layer.codes().float().t() * layer.scales.float()).to(rows.dtype)
+
+    return matmul
+
+
+def perplexities(documents: int, tokens: int) -> dict:
+    """Per-document mean NLL of the native model and of int8 weights on each path (see the module's notes)."""
+    from polykv_agents.eval.corpus import pydoc_documents
+    from polykv_agents.model.loading import load_model_uncached
+    from polykv_agents.model.quantized_linear import Int8Linear
+    from polykv_agents.model.weights import quantize_weights
+
+    model, tokenizer = load_model_uncached(None, torch.bfloat16, "cpu")
+    texts = pydoc_documents(documents, tokens * 8)
+    ids = [tokenizer(text, return_tensors="pt").input_ids[:, :tokens] for text in texts]
+
+    def nlls() -> list[float]:
+        with torch.inference_mode():
+            return [nn.functional.cross_entropy(model(doc).logits[0, :-1].float(), doc[0, 1:]).item() for doc in ids]
+
+    per_path = {"native": nlls()}
+    quantize_weights(model, "int8")
+    stored = Int8Linear._matmul
+    paths = {"int8 weights, dequantized product": stored, "int8 x int8 per row": _int8_activations(None)}
+    paths["int8 x int8 per group of 32"] = _int8_activations(32)
+    if tiles_available():
+        paths["int8 weights, tile kernel"] = _in_row_blocks
+    try:
+        for name, matmul in paths.items():
+            Int8Linear._matmul = matmul
+            per_path[name] = nlls()
+    finally:
+        Int8Linear._matmul = stored
+    native = per_path["native"]
+    summary = {}
+    for name, values in per_path.items():
+        change = mean_interval([100 * (math.exp(v - n) - 1) for v, n in zip(values, native, strict=True)])
+        summary[name] = {
+            "perplexity": math.exp(sum(values) / len(values)),
+            "per_document_nll": values,
+            "change_vs_native_pct": change.model_dump(),
+        }
+    return {"documents": documents, "tokens": tokens, "paths": summary}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 15, 16, 32])
-    parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 15, 16, 32])
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--documents", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
@@ -75,33 +160,35 @@ def main() -> None:
     from polykv_agents.model.loading import load_model_uncached
 
     model, _ = load_model_uncached(None, torch.bfloat16, "cpu")
-    layer = model.model.layers[0]
-    linears = {
-        "q_proj, o_proj": (layer.self_attn.q_proj, 2),
-        "k_proj, v_proj": (layer.self_attn.k_proj, 2),
-        "gate_proj, up_proj": (layer.mlp.gate_proj, 2),
-        "down_proj": (layer.mlp.down_proj, 1),
-    }
-    counts = {name: count * model.config.num_hidden_layers for name, (_, count) in linears.items()}
-    weights = {name: module.weight.detach() for name, (module, _) in linears.items()}
-    weights["lm_head"], counts["lm_head"] = model.lm_head.weight.detach(), 1
+    weights = [linear.weight.detach() for linear in _linears(model)]
     result = {
         "probe": "int8_matmul",
         "provenance": Provenance.of_this_process().model_dump(mode="json"),
-        "settings": {"model": "SmolLM2-135M-Instruct", "reps": args.reps, "threads": torch.get_num_threads()},
-        "shapes": {
-            name: {"out_features": w.shape[0], "in_features": w.shape[1], "per_step": counts[name]}
-            for name, w in weights.items()
+        "settings": {
+            "model": "SmolLM2-135M-Instruct",
+            "dtype": "bfloat16",
+            "reps": args.reps,
+            "threads": torch.get_num_threads(),
+            "products_per_step": len(weights),
+            "tiles_available": tiles_available(),
         },
-        "rows": {},
+        "step_ms": {},
     }
     for rows in args.rows:
         # On the compute thread, which loaded the model: a second thread's OpenMP team would slow every product.
-        per_shape = {name: run_on_compute_thread(measure, weight, rows, args.reps) for name, weight in weights.items()}
-        formats = [key for key in next(iter(per_shape.values())) if not key.endswith("difference")]
-        step_ms = {key: sum(per_shape[name][key] * counts[name] for name in weights) / 1e3 for key in formats}
-        result["rows"][str(rows)] = {"per_shape_us": per_shape, "step_ms": step_ms}
-        print(rows, "rows, one step's products (ms):", {k: round(v, 2) for k, v in step_ms.items()}, flush=True)
+        step_ms = run_on_compute_thread(step_products, weights, rows, args.reps)
+        result["step_ms"][str(rows)] = step_ms
+        print(rows, "rows, one step's products (ms):", {k: round(v, 1) for k, v in step_ms.items()}, flush=True)
+    del model, weights
+    if args.documents:
+        result["perplexity"] = run_on_compute_thread(perplexities, args.documents, args.tokens)
+        for name, row in result["perplexity"]["paths"].items():
+            change = row["change_vs_native_pct"]
+            print(
+                f"{name}: perplexity {row['perplexity']:.3f}, {change['mean']:+.2f}% "
+                f"[{change['low']:+.2f}, {change['high']:+.2f}] vs native",
+                flush=True,
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
 

@@ -9,8 +9,12 @@ fused CPU attention kernel, made for long query blocks, is slow for the few quer
 per kv head for all of that group's queries, in chunks spread over the threads, and merges each query's parts in
 a fixed order, so a row's result does not depend on which other groups share its step.
 
-Set ``POLYKV_AGENTS_KERNELS=0`` to use the PyTorch path only, ``POLYKV_AGENTS_TILES=0`` to keep the kernel but not
-its AMX tile products (then ``runtime="auto"`` keeps a decoded prefix, :mod:`polykv_agents.runtime.residency`).
+``int8_linear``: the product of bfloat16 rows with int8 weights on AMX tiles, reading each weight once for all rows
+(:mod:`polykv_agents.model.int8_tiles`); where it cannot run, ``weights="int8"`` keeps PyTorch's int8 kernel.
+
+Set ``POLYKV_AGENTS_KERNELS=0`` to use the PyTorch path only, ``POLYKV_AGENTS_TILES=0`` to keep the kernels but not
+their AMX tile products (then ``runtime="auto"`` keeps a decoded prefix, :mod:`polykv_agents.runtime.residency`,
+and int8 weights keep PyTorch's kernel).
 The first use builds the kernel once into torch's extension cache (``TORCH_EXTENSIONS_DIR``, by default under the
 user's cache directory): about 30 s on 2 cores, announced as a warning on the ``polykv_agents.kernels`` logger
 while it runs; a build that fails is logged once and the PyTorch path is used.

@@ -1,4 +1,4 @@
-"""Weight-only int8 and int4 linear layers on PyTorch's own CPU kernels.
+"""Weight-only int8 and int4 linear layers on PyTorch's own CPU kernels and one of this package's.
 
 A decode step multiplies a few rows (one per agent) by every weight matrix of the model, so its time is
 the time to read the weights. PyTorch ships CPU kernels that read quantized weights directly:
@@ -12,9 +12,12 @@ read from memory as in a decode step (docs/RESULTS.md, weights): at one row they
 bf16 time; they are written for matrix-vector work, so at 15 rows they are about even and at 512 rows (a
 prefill chunk) slower. So:
 
-- :class:`Int8Linear` uses the kernel up to :data:`KERNEL_MAX_ROWS` rows, and above it converts the
-  weight to the activations' dtype and runs an ordinary matrix product (a prefill chunk reads the weight
-  once for hundreds of rows);
+- :class:`Int8Linear`, in a bfloat16 model on a CPU with AMX tiles, stores its codes in the layout of the native
+  kernel ``int8_linear`` (:mod:`~polykv_agents.model.int8_tiles`), which reads each weight once for up to 16 rows:
+  one step's products of the embedded model took 10-11 ms at 1 to 16 rows against 13 ms (1 row) to 47 ms (15
+  rows) with ``_weight_int8pack_mm``, whose cost grows by a pass over the weights every 4 rows. Elsewhere it uses
+  ``_weight_int8pack_mm`` up to :data:`KERNEL_MAX_ROWS` rows. Above that (a prefill chunk) it widens the weight to
+  the activations' dtype for an ordinary matrix product, which reads the weight once for hundreds of rows;
 - :class:`Int4Linear` has only its packed codes (keeping a second copy would cost what int8 costs), so it
   uses the kernel at every row count: decoding is as fast as int8, prefill is slower. The kernel is fast
   only with bf16 (or fp16) activations: with fp32 ones it took 0.95 ms for one row of a 576 -> 1536
@@ -33,9 +36,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from polykv_agents.model.int8_tiles import pack, tile_matmul, tiles_available, unpack
+
 KERNEL_MAX_ROWS = 16
-"""Up to this many rows, :class:`Int8Linear` runs the int8 kernel; above, a matrix product in the activations'
-dtype (the two tie at about 15 rows on this project's machine)."""
+"""Up to this many rows, an :class:`Int8Linear` without the tile kernel runs ``_weight_int8pack_mm``; above, it
+widens the weight for a matrix product. One step's products took 47 ms at 15 rows with the kernel against 70 ms
+widened (``python -m benchmarks.probes.int8_matmul``): the widening, a pass that writes the weight in bfloat16,
+costs more than the kernel's extra passes over it. bf16 weights kept as such took 28 ms."""
 
 INT4_GROUP_SIZE = 32
 """Input features per int4 group (one scale and zero each): the block size of GGUF's Q4_0/Q4_1, so the
@@ -73,7 +80,9 @@ output head, 49,152 x 576, passed through three of 108 MiB at once, the load's p
 class Int8Linear(_QuantizedLinear):
     """A linear layer with symmetric int8 weights, one scale per output channel.
 
-    Buffers: ``qweight [N, K]`` int8, ``scales [N]`` in the model's dtype.
+    Buffers: ``qweight`` the int8 codes, ``[N, K]``, or where the tile kernel runs (a bfloat16 model on a CPU with
+    AMX tiles, :attr:`tiled`) in its layout (:mod:`~polykv_agents.model.int8_tiles`); ``scales [N]`` in the
+    model's dtype, float32 when tiled (the same values: the kernel scales its float sums).
     """
 
     def __init__(self, linear: nn.Linear) -> None:
@@ -90,14 +99,21 @@ class Int8Linear(_QuantizedLinear):
             row_scales = row_scales.to(weight.dtype).float()  # the codes are chosen against the scale that is stored
             codes[rows] = torch.round(full / row_scales[:, None]).clamp(-127, 127)  # whole numbers: cast exactly
             scales[rows] = row_scales
-        self.register_buffer("qweight", codes)
-        self.register_buffer("scales", scales)
+        self.tiled = weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and tiles_available()
+        self.register_buffer("qweight", pack(codes) if self.tiled else codes)
+        self.register_buffer("scales", scales.float() if self.tiled else scales)
+
+    def codes(self) -> torch.Tensor:
+        """The int8 codes ``[N, K]`` (unpacked from the tile layout where :attr:`tiled`)."""
+        return unpack(self.qweight, self.out_features, self.in_features) if self.tiled else self.qweight
 
     def _matmul(self, rows: torch.Tensor) -> torch.Tensor:
         scales = self.scales.to(rows.dtype)
-        if rows.shape[0] <= KERNEL_MAX_ROWS:
+        if self.tiled and rows.dtype == torch.bfloat16:
+            return tile_matmul(rows, self.qweight, self.scales)
+        if not self.tiled and rows.shape[0] <= KERNEL_MAX_ROWS:
             return torch.ops.aten._weight_int8pack_mm(rows, self.qweight, scales)
-        return nn.functional.linear(rows, self.qweight.to(rows.dtype)) * scales
+        return nn.functional.linear(rows, self.codes().to(rows.dtype)) * scales
 
 
 class Int4Linear(_QuantizedLinear):

@@ -180,6 +180,23 @@ def test_with_quantized_weights_the_pool_is_the_same_and_the_agent_still_answers
     assert sum(word in answer for word in ("drought", "mains", "workforce")) >= 2, answer
 
 
+def test_int8_weights_in_bfloat16_decode_through_the_tile_kernel_and_still_answer(smollm, chat_document):
+    """A bfloat16 model with int8 weights (on a CPU with AMX tiles, every decode step's products run the int8
+    tile kernel, which reads each weight once for all rows) answers the task from its pool."""
+    from polykv_agents.model.int8_tiles import tiles_available
+    from polykv_agents.model.quantized_linear import Int8Linear
+
+    model, tokenizer = smollm
+    quantized = copy.deepcopy(model).bfloat16()
+    quantize_weights(quantized, "int8")
+    layers = [m for m in quantized.modules() if isinstance(m, Int8Linear)]
+    assert all(layer.tiled == tiles_available() for layer in layers) and len(layers) == 30 * 7 + 1
+    pool = SharedKVPool.prefill(quantized, tokenizer, chat_document)
+    agent = PooledAgent(pool, quantized, tokenizer, system_prompt="You are the risk officer. Be brief and list items.")
+    answer = agent.generate(QUESTION, max_new_tokens=64).lower()
+    assert sum(word in answer for word in ("drought", "mains", "workforce")) >= 2, answer
+
+
 def test_pooled_agent_refuses_a_pool_from_another_model(compressed_pool, tiny_model, tiny_tok):
     with pytest.raises(ValueError, match="cannot be read with"):
         PooledAgent(compressed_pool, tiny_model, tiny_tok)

@@ -31,7 +31,7 @@ def test_int8_computes_its_dequantized_weight_on_both_paths(rows):
     """The kernel (few rows) and the matrix product (many rows) compute x @ (codes * scales)^T + bias."""
     linear = _linear(48, 64, bias=True)
     layer = Int8Linear(linear)
-    dequantized = layer.qweight.float() * layer.scales[:, None]
+    dequantized = layer.codes().float() * layer.scales[:, None].float()
     x = torch.randn(rows, 64)
     torch.testing.assert_close(layer(x), x @ dequantized.T + linear.bias, rtol=1e-5, atol=1e-5)
     # ... and that weight is the original to within half a step of its channel's scale.
@@ -46,8 +46,8 @@ def test_int8_quantizes_a_large_matrix_in_row_blocks_exactly_as_whole(monkeypatc
     whole = Int8Linear(linear)
     monkeypatch.setattr(quantized_linear, "QUANTIZE_ROWS", 5)  # 8 blocks, the last one short
     blocks = Int8Linear(linear)
-    assert torch.equal(blocks.qweight, whole.qweight) and torch.equal(blocks.scales, whole.scales)
-    assert blocks.scales.dtype == torch.bfloat16
+    assert torch.equal(blocks.codes(), whole.codes()) and torch.equal(blocks.scales, whole.scales)
+    assert blocks.scales.dtype == (torch.float32 if blocks.tiled else torch.bfloat16)
 
 
 def test_int8_keeps_leading_dimensions_and_the_activation_dtype():
