@@ -13,9 +13,10 @@ come from memory as in a decode step, not from a core's cache), the median ms of
   the quantization and rescale as PyTorch operators.
 
 **Perplexity** (``--documents``): the mean per-token NLL of ``--tokens``-token pydoc_data.topics documents,
-teacher-forced in one forward pass, for the native model and for int8 weights computed by each path: the stored
-dequantized product, the tile kernel (16 rows per call, as in decode), and int8 activations per row or per group
-of 32 input features (llama.cpp's Q8_0 block; emulated in float). The interval is over documents.
+teacher-forced in one forward pass, for the native model and for int8 weights computed by each path: the
+dequantized product (the weight widened, then ``F.linear``), the tile kernel (16 rows per call, as in decode), and
+int8 activations per row or per group of 32 input features (llama.cpp's Q8_0 block; emulated in float). The
+interval is over documents.
 
     python -m benchmarks.probes.int8_matmul --out benchmarks/results/issue42/int8_matmul.json
 
@@ -83,8 +84,13 @@ def step_products(weights: list[torch.Tensor], rows: int, reps: int) -> dict[str
     return {name: median_call_seconds(run, reps, warmups=3) * 1e3 for name, run in formats.items()}
 
 
+def _dequantized(layer, rows: torch.Tensor) -> torch.Tensor:
+    """The weight widened to the activations' dtype, then an ordinary product: the path without the tile kernel."""
+    return nn.functional.linear(rows, layer.codes().to(rows.dtype)) * layer.scales.to(rows.dtype)
+
+
 def _in_row_blocks(layer, rows: torch.Tensor) -> torch.Tensor:
-    """The tile kernel over any number of rows, 16 at a time (each row's result is its own, as in decode)."""
+    """The tile kernel, 16 rows per call as in a decode step."""
     codes = pack(layer.codes())
     scales = layer.scales.float()
     return torch.cat([tile_matmul(block, codes, scales) for block in rows.split(TILE_MAX_ROWS)])
@@ -124,7 +130,7 @@ def perplexities(documents: int, tokens: int) -> dict:
     per_path = {"native": nlls()}
     quantize_weights(model, "int8")
     stored = Int8Linear._matmul
-    paths = {"int8 weights, dequantized product": stored, "int8 x int8 per row": _int8_activations(None)}
+    paths = {"int8 weights, dequantized product": _dequantized, "int8 x int8 per row": _int8_activations(None)}
     paths["int8 x int8 per group of 32"] = _int8_activations(32)
     if tiles_available():
         paths["int8 weights, tile kernel"] = _in_row_blocks
