@@ -235,8 +235,8 @@ def write_weights(result: SuiteResult, out_dir: Path) -> list[Path]:
         "median time between an agent's consecutive tokens while all decode through the runtime, over a pool built "
         "by that model. MiB of weights: `nbytes` of the model's parameters and buffers (a tied tensor once).",
         "One projection per call, the weights read from memory (every layer's `mlp.up_proj` in turn), and the "
-        "output layer; the quantized layers' kernels are PyTorch's (`polykv_agents/model/quantized_linear.py`):\n\n"
-        + kernels,
+        "output layer, each layer as `weights=` runs it (`polykv_agents/model/quantized_linear.py`: int8 on the native "
+        "tile kernel where the CPU has AMX and the model is bf16, else on PyTorch's; int4 on PyTorch's):\n\n" + kernels,
         f"Perplexity of the {settings['continuation_tokens']} tokens after a {settings['context']}-token prefix, "
         f"{settings['documents']} pydoc texts, intervals over documents. One pool digest serves every setting:\n\n"
         + ppl,
