@@ -18,7 +18,7 @@ ALLOWED: dict[str, set[str]] = {
     # Compression: configs build codecs, codecs read their configs.
     "config": {"codecs"},
     "codecs": {"config"},
-    "model": {"codecs"},  # dtype names
+    "model": {"codecs", "kernels"},  # dtype names; the int8 tile kernel
     "sampling": set(),
     "prompting": {"sampling"},  # tool-call grammars
     "pool": {"codecs", "config", "model", "prompting"},
