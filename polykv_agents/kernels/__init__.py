@@ -53,6 +53,15 @@ def switched_on(variable: str) -> bool:
     return os.environ.get(variable, "1").strip().lower() not in {"0", "off", "false", "no"}
 
 
+def kernel_tiles_available(name: str) -> bool:
+    """Whether the kernel ``name`` is built and multiplies on AMX tiles here (its ``tiles_available()``: a build
+    for a CPU with AMX, tiles granted by the OS), and ``POLYKV_AGENTS_TILES`` does not switch them off."""
+    if not switched_on(TILES_SWITCH):
+        return False
+    kernel = native_kernel(name)
+    return kernel is not None and kernel.tiles_available()
+
+
 def kernels_enabled() -> bool:
     """Whether native kernels may be used (``POLYKV_AGENTS_KERNELS`` is not ``0``/``off``/``false``)."""
     return switched_on(SWITCH)

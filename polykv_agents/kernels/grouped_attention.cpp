@@ -28,14 +28,7 @@
 #if defined(__AVX512F__) || defined(__AMX_TILE__)
 #include <immintrin.h>
 #endif
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#define POLYKV_TILES 1  // built for a CPU with AMX: bfloat16 groups may use its tile matrix products
-#include <sys/syscall.h>
-#include <unistd.h>
-#else
-#define POLYKV_TILES 0
-#endif
-
+#include "amx_tiles.h"  // POLYKV_TILES: bfloat16 groups may use the tile matrix products
 
 #include <algorithm>
 #include <cmath>
@@ -101,16 +94,9 @@ inline uint16_t to_bf16(float value) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-#if POLYKV_TILES
-// Linux hands out AMX's tile state only on request, once per process.
-bool tiles_permitted() {
-  static const bool permitted = [] {
-    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-  }();
-  return permitted;
-}
+using polykv::tiles_permitted;
 
+#if POLYKV_TILES
 // Every tile product here uses one configuration: tiles 0-3 accumulate [16 x 16] float; tile 4 holds 16 rows of 32
 // bfloat16 (the left operand); tiles 5-6 hold 16 rows of 16 bfloat16 pairs (the right operand, pairs along the
 // summed dimension).
@@ -123,8 +109,6 @@ void configure_tiles() {
   for (int t = 0; t < 7; ++t) config.colsb[t] = 64, config.rows[t] = 16;
   _tile_loadconfig(&config);
 }
-#else
-bool tiles_permitted() { return false; }
 #endif
 
 // A prefix as the pool stores it (see the head of this file); bits == 0: the group's prefix is a decoded tensor.

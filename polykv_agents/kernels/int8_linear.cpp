@@ -19,11 +19,12 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#define POLYKV_TILES 1
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx_tiles.h"
+
+#if POLYKV_TILES && defined(__AVX512BF16__)  // widening to bfloat16 takes AVX-512's bfloat16 conversions too
+#define POLYKV_INT8_TILES 1
+#else
+#define POLYKV_INT8_TILES 0
 #endif
 
 #include <algorithm>
@@ -35,16 +36,7 @@ namespace {
 
 constexpr int64_t MAX_ROWS = 16, K_BLOCK = 32, N_BLOCK = 64, TILE_BYTES = 16 * 16 * 2;
 
-#if POLYKV_TILES
-// Linux hands out AMX's tile state only on request, once per process.
-bool tiles_permitted() {
-  static const bool permitted = [] {
-    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-  }();
-  return permitted;
-}
-
+#if POLYKV_INT8_TILES
 // Tiles 0-3: [rows x 16] float sums of four column tiles; tile 4: [rows x 32] bfloat16 of the input; tiles 5-6:
 // 16 pairs of k by 16 columns of bfloat16 weights.
 void configure_tiles(int64_t rows) {
@@ -130,17 +122,15 @@ void column_blocks(const uint16_t* rows, int64_t m, int64_t k_pad, const int8_t*
   }
   _tile_release();
 }
-#else
-bool tiles_permitted() { return false; }
 #endif
 
 }  // namespace
 
-bool available() { return tiles_permitted(); }
+bool tiles_available() { return POLYKV_INT8_TILES && polykv::tiles_permitted(); }
 
 // rows [M, K] bfloat16 x packed codes (see the head of this file) -> [M, N] bfloat16.
 at::Tensor int8_linear(const at::Tensor& rows, const at::Tensor& packed, const at::Tensor& scales) {
-  TORCH_CHECK(available(), "int8_linear needs AMX bfloat16 tiles (polykv_agents.kernels.int8_linear)");
+  TORCH_CHECK(tiles_available(), "int8_linear needs AMX bfloat16 tiles (polykv_agents.kernels.int8_linear)");
   TORCH_CHECK(rows.dim() == 2 && rows.scalar_type() == at::kBFloat16, "rows must be [M, K] bfloat16");
   TORCH_CHECK(rows.size(0) >= 1, "int8_linear needs at least one row");
   TORCH_CHECK(packed.dim() == 6 && packed.scalar_type() == at::kChar && packed.is_contiguous(), "packed: see layout");
@@ -156,7 +146,7 @@ at::Tensor int8_linear(const at::Tensor& rows, const at::Tensor& packed, const a
                    ? rows
                    : at::constant_pad_nd(rows, {0, k_pad - k, 0, m_pad - m}).contiguous();
   auto out = at::empty({m_pad, n}, rows.options());
-#if POLYKV_TILES
+#if POLYKV_INT8_TILES
   const auto* in = reinterpret_cast<const uint16_t*>(input.data_ptr<at::BFloat16>());
   auto* result = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   const int8_t* codes = packed.data_ptr<int8_t>();
@@ -170,5 +160,5 @@ at::Tensor int8_linear(const at::Tensor& rows, const at::Tensor& packed, const a
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear", &int8_linear, "rows [M, K] bf16 x int8 weights packed for AMX tiles -> [M, N] bf16 (CPU)");
-  m.def("available", &available, "whether this build and CPU have AMX bfloat16 tiles, granted by the OS");
+  m.def("tiles_available", &tiles_available, "whether this build and CPU have AMX bfloat16 tiles, granted by the OS");
 }

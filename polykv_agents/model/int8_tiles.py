@@ -1,18 +1,19 @@
 """int8 weights laid out for the native kernel ``int8_linear`` (AMX tiles), which reads them once per product.
 
-PyTorch's ``_weight_int8pack_mm`` reads the weight matrix again for every few rows: one decode step's products of
-the embedded SmolLM2 (bf16, int8 weights from memory, every layer in turn) took 13.4 ms at 1 row, 16.6 at 4,
-30.8 at 8 and 47.2 at 15, against 27-28 ms in bf16. The kernel widens each int8 code to bfloat16 in a tile's
-scratch and multiplies it with every row at once: 10-11 ms at 1 to 16 rows (``python -m benchmarks.probes.
-int8_matmul``, results in ``benchmarks/results/issue42/int8_matmul.json``). It computes what the dequantized
-product computes (weight-only int8: the activations stay bfloat16), so quality is that of ``weights="int8"``.
+PyTorch's ``_weight_int8pack_mm`` reads the weight matrix again for every few rows. The kernel widens each int8
+code to bfloat16 in a tile's scratch and multiplies it with every row at once. One decode step's 211 products of
+the embedded SmolLM2 (bf16, int8 weights read from memory, every layer in turn) took 10.1 ms at 1 row and 10.7 at
+15 with the kernel, against 12.3 and 45.9 with ``_weight_int8pack_mm`` and 24.2 and 26.4 in bf16 (``python -m
+benchmarks.probes.int8_matmul``; ``benchmarks/results/issue42/int8_matmul.json`` names its commit and machine).
+
+It computes what the dequantized product computes (weight-only int8: the activations stay bfloat16), rounded to
+bfloat16 once: perplexity +0.12% [-0.23, +0.46] against the native model in the same probe.
 
 A row's result does not depend on the other rows of its call (each output is its own sum, in a fixed order), so
 an agent's tokens are the same whether it decodes alone or beside 15 others.
 
-A prefill chunk runs through it too: a column block's codes are widened once and multiplied with every 16 rows.
-Prefilling a 2,782-token pool with int8 weights took 2.4-2.6 s this way, against 3.0 s widening the whole weight
-for an ordinary matrix product (the way before the kernel) and 3.7 s unpacking this layout first.
+A prefill chunk runs through it too: a column block's codes are widened once and multiplied with every 16 rows
+(the weights suite, ``python -m benchmarks weights``, times the prefill with each weight format).
 
 The layout (``[N_pad / 64, K_pad / 32, 4, 16, 16, 2]``, ``polykv_agents/kernels/int8_linear.cpp``) replaces the
 ``[N, K]`` codes: :class:`~polykv_agents.model.quantized_linear.Int8Linear` keeps one copy of them.
@@ -20,9 +21,11 @@ The layout (``[N_pad / 64, K_pad / 32, 4, 16, 16, 2]``, ``polykv_agents/kernels/
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from polykv_agents.kernels import TILES_SWITCH, native_kernel, switched_on
+from polykv_agents.kernels import kernel_tiles_available, native_kernel
 
 TILE_MAX_ROWS = 16
 """Rows of one tile: up to this many (a decode step's agents) take the time of one row."""
@@ -33,10 +36,7 @@ _K_BLOCK, _N_BLOCK = 32, 64
 def tiles_available() -> bool:
     """Whether the kernel is built, this CPU has AMX bfloat16 tiles granted by the OS, and ``POLYKV_AGENTS_TILES``
     does not switch them off. Decided when a layer is quantized: its weights are stored in the kernel's layout."""
-    if not switched_on(TILES_SWITCH):
-        return False
-    kernel = native_kernel("int8_linear")
-    return kernel is not None and kernel.available()
+    return kernel_tiles_available("int8_linear")
 
 
 def pack(codes: torch.Tensor) -> torch.Tensor:
@@ -62,12 +62,18 @@ def tile_matmul(rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) 
     embedded model's 211 products); inside ``torch.compile`` the registered operator stands in for it."""
     if torch.compiler.is_compiling():
         return torch.ops.polykv.int8_linear(rows, packed, scales)
-    return native_kernel("int8_linear").int8_linear(rows, packed, scales)
+    return _kernel().int8_linear(rows, packed, scales)
+
+
+@functools.cache
+def _kernel():
+    """The built kernel, looked up once: a layer stored in its layout needs it whatever the switches say later."""
+    return native_kernel("int8_linear")
 
 
 @torch.library.custom_op("polykv::int8_linear", mutates_args=())
 def _int8_linear(rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    return native_kernel("int8_linear").int8_linear(rows, packed, scales)
+    return _kernel().int8_linear(rows, packed, scales)
 
 
 @_int8_linear.register_fake

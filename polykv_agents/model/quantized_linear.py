@@ -14,10 +14,11 @@ prefill chunk) slower. So:
 
 - :class:`Int8Linear`, in a bfloat16 model on a CPU with AMX tiles, stores its codes in the layout of the native
   kernel ``int8_linear`` (:mod:`~polykv_agents.model.int8_tiles`), which reads each weight once for up to 16 rows:
-  one step's products of the embedded model took 10-11 ms at 1 to 16 rows against 13 ms (1 row) to 47 ms (15
-  rows) with ``_weight_int8pack_mm``, whose cost grows by a pass over the weights every 4 rows. Elsewhere it uses
-  ``_weight_int8pack_mm`` up to :data:`KERNEL_MAX_ROWS` rows. Above that (a prefill chunk) it widens the weight to
-  the activations' dtype for an ordinary matrix product, which reads the weight once for hundreds of rows;
+  one step's products of the embedded model took 10.1 ms at 1 row and 10.7 at 15 against 12.3 and 45.9 ms with
+  ``_weight_int8pack_mm``, whose cost grows by a pass over the weights every 4 rows (the int8 probe, below).
+  Elsewhere it uses ``_weight_int8pack_mm`` up to :data:`KERNEL_MAX_ROWS` rows. Above that (a prefill chunk) it
+  widens the weight to the activations' dtype for an ordinary matrix product, which reads the weight once for
+  hundreds of rows;
 - :class:`Int4Linear` has only its packed codes (keeping a second copy would cost what int8 costs), so it
   uses the kernel at every row count: decoding is as fast as int8, prefill is slower. The kernel is fast
   only with bf16 (or fp16) activations: with fp32 ones it took 0.95 ms for one row of a 576 -> 1536
@@ -40,9 +41,10 @@ from polykv_agents.model.int8_tiles import pack, tile_matmul, tiles_available, u
 
 KERNEL_MAX_ROWS = 16
 """Up to this many rows, an :class:`Int8Linear` without the tile kernel runs ``_weight_int8pack_mm``; above, it
-widens the weight for a matrix product. One step's products took 47 ms at 15 rows with the kernel against 70 ms
-widened (``python -m benchmarks.probes.int8_matmul``): the widening, a pass that writes the weight in bfloat16,
-costs more than the kernel's extra passes over it. bf16 weights kept as such took 28 ms."""
+widens the weight for a matrix product. One step's products took 45.9 ms at 15 rows with the kernel against 63.4
+ms widened, and 73.6 against 67.0 at 32 rows (``python -m benchmarks.probes.int8_matmul``,
+``benchmarks/results/issue42/int8_matmul.json``): the widening, a pass that writes the weight in bfloat16, costs
+more than the kernel's extra passes over it up to about 32 rows. bf16 weights kept as such took 26.4 ms."""
 
 INT4_GROUP_SIZE = 32
 """Input features per int4 group (one scale and zero each): the block size of GGUF's Q4_0/Q4_1, so the
@@ -108,9 +110,9 @@ class Int8Linear(_QuantizedLinear):
         return unpack(self.qweight, self.out_features, self.in_features) if self.tiled else self.qweight
 
     def _matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        scales = self.scales.to(rows.dtype)
-        if self.tiled and rows.dtype == torch.bfloat16:
+        if self.tiled and rows.dtype == torch.bfloat16:  # first: 211 calls a step, nothing else to do
             return tile_matmul(rows, self.qweight, self.scales)
+        scales = self.scales.to(rows.dtype)
         if not self.tiled and rows.shape[0] <= KERNEL_MAX_ROWS:
             return torch.ops.aten._weight_int8pack_mm(rows, self.qweight, scales)
         return nn.functional.linear(rows, self.codes().to(rows.dtype)) * scales

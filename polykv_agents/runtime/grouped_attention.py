@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from polykv_agents.kernels import TILES_SWITCH, native_kernel, switched_on
+from polykv_agents.kernels import TILES_SWITCH, kernel_tiles_available, native_kernel, switched_on
 from polykv_agents.runtime.stored_prefix import StoredLayer
 
 KERNEL_MAX_QUERIES = 24
@@ -101,5 +101,4 @@ def grouped_attention(groups: list[KernelGroup], scaling: float, *, tiles: bool 
 def tiles_available() -> bool:
     """Whether the kernel computes bfloat16 groups with AMX tiles here (built for a CPU with AMX, granted by the OS,
     not switched off by ``POLYKV_AGENTS_TILES=0``); ``False`` where the kernel is not built."""
-    kernel = native_kernel("grouped_attention")
-    return kernel is not None and switched_on(TILES_SWITCH) and kernel.tiles_available()
+    return kernel_tiles_available("grouped_attention")

@@ -84,7 +84,7 @@ def test_a_bfloat16_layer_stores_one_copy_in_the_tile_layout_and_computes_with_i
     assert layer.tiled and layer.qweight.dim() == 6 and layer.scales.dtype == torch.float32
     assert layer.qweight.nbytes == 128 * 128  # one copy of the codes, padded to whole blocks
     calls = []
-    monkeypatch.setattr(int8_tiles, "native_kernel", lambda name: _Spy(calls))
+    monkeypatch.setattr(int8_tiles, "_kernel", lambda: _Spy(calls))
     x = torch.randn(TILE_MAX_ROWS + 1, 100).bfloat16()
     prefill, decode = layer(x), torch.cat([layer(row) for row in x.split(TILE_MAX_ROWS)])
     assert calls == [TILE_MAX_ROWS + 1, TILE_MAX_ROWS, 1]  # a prefill chunk and decode steps, all on the kernel
