@@ -88,11 +88,12 @@ class Suite(Protocol):
         ...
 
 
-def load_model_for(model: str | None):
-    """``(model, tokenizer)``: the embedded model, or the local/cached one named by ``--model``."""
+def load_model_for(model: str | None, weights: str = "native"):
+    """``(model, tokenizer)``: the embedded model, or the local/cached one named by ``--model``, its weights stored
+    as ``weights``."""
     from polykv_agents.engine import load_model
 
-    return load_model(model)
+    return load_model(model, weights=weights)
 
 
 def document_text(path: Path | None, chars: int = 60_000) -> str:

@@ -31,6 +31,7 @@ from polykv_agents.bench.journal import Journal, differing_options
 from polykv_agents.bench.output import Progress, column, markdown_table
 from polykv_agents.bench.stats import mean_interval, paired_comparison
 from polykv_agents.bench.suite import JsonSuite, Rendered, SuiteOptions, load_model_for
+from polykv_agents.model.weights import Weights
 from polykv_agents.runtime.backend import Runtime
 
 FACT_FINDER_PROMPT = (
@@ -70,13 +71,16 @@ class TasksOptions(SuiteOptions):
     runtime: Runtime = "decompressed"
     """Runtime that decodes the answers: `decompressed` (the graphs' agents' default), `compressed` or `private`.
     In bf16 their greedy answers differ in some items (rounding in another order), so it is part of a run."""
+    weights: Weights = "native"
+    """Weight storage: `native`, `int8` or `int4`. Quantized weights change the model, so its answers: part of a
+    run, and what a native and an int8 run of the same items measure side by side."""
     journal: Path | None = Field(default=None, exclude=True)
     """JSON Lines file each item's answers are appended to as they are made; a run given the same file and
     options (contexts and items aside) answers only the items not in it, so a stopped run continues where it
     stopped."""
     reuse: list[FilePath] = Field(default=[], exclude=True, json_schema_extra={"flag": "--reuse"})
     """Earlier `bench tasks` result JSON (repeatable) whose items are taken as answered, when it ran the same
-    model, dtype, seed, tasks, configs and runtime: a run adding a context answers only the new context."""
+    model, dtype, seed, tasks, configs, runtime and weights: a run adding a context answers only the new context."""
 
     @field_validator("tasks")
     @classmethod
@@ -158,7 +162,7 @@ def run_tasks(options: TasksOptions, progress: Progress = lambda _: None) -> Tas
         settings["model"] = Path(options.model).name
     journal = None if options.journal is None else Journal(options.journal, "tasks", settings, extent=EXTENT)
     earlier = read_reused(options.reuse, settings)  # a wrong file is refused before the model loads
-    model, tokenizer = load_model_for(options.model)
+    model, tokenizer = load_model_for(options.model, weights=options.weights)
     reused = reused_answers(earlier, str(model.dtype).removeprefix("torch."))
     haystack = Haystack(tokenizer)
     answers: list[TaskAnswer] = []
@@ -202,9 +206,14 @@ def read_reused(paths: Sequence[Path], settings: dict[str, Any]) -> list[tuple[P
             msg = f"{path} is not a `bench tasks` result ({e.error_count()} errors, the first: {e.errors()[0]['msg']}, "
             msg += f"at {'.'.join(map(str, e.errors()[0]['loc'])) or 'the top'}); give --reuse a tasks.json it wrote"
             raise ValueError(msg) from None
-        _refuse_other_questions(path, differing_options(result.options, settings, EXTENT))
+        written = {**_DEFAULTS_OF_LATER_OPTIONS, **result.options}  # a result from before an option ran its default
+        _refuse_other_questions(path, differing_options(written, settings, EXTENT))
         results.append((Path(path), result))
     return results
+
+
+_DEFAULTS_OF_LATER_OPTIONS = {"weights": "native"}
+"""Options added after results were committed, with the value those results ran with."""
 
 
 def reused_answers(results: Sequence[tuple[Path, TasksResult]], dtype: str) -> dict[str, list[TaskAnswer]]:
@@ -222,7 +231,7 @@ def _refuse_other_questions(path: Path, changed: list[str]) -> None:
     if changed:
         msg = (
             f"{path} answered other questions (its options differ in: {', '.join(changed)}); reuse only "
-            "`bench tasks` results of the same model, dtype, seed, tasks, configs and runtime"
+            "`bench tasks` results of the same model, dtype, seed, tasks, configs, runtime and weights"
         )
         raise ValueError(msg)
 
@@ -355,7 +364,7 @@ def render_markdown(result: TasksResult) -> str:
     parts = [
         "# Finding the fact in a pooled document: task scores\n",
         info.machine_and_model() + f" Greedy answers by a fact-finder role over the pooled document, "
-        f"decoded by the `{options['runtime']}` runtime; "
+        f"decoded by the `{options['runtime']}` runtime{_weights_text(options)}; "
         f"tasks: {', '.join(tasks)}; {options['items']} items per context, each its own document (seed "
         f"{options['seed']}). Scores: RULER's string match, in points, with 95% t-intervals over items. A preset's "
         f"change against full precision, and one config's against another, is paired on the same items: "
@@ -527,11 +536,19 @@ def _write_plot(result: TasksResult, out_dir: Path) -> Path:
     return path
 
 
+def _weights_text(options: dict[str, Any]) -> str:
+    """The caption's words on the weights: none for the native ones."""
+    weights = options.get("weights", "native")
+    return "" if weights == "native" else f", {weights} weights"
+
+
 def _flags(result: TasksResult) -> str:
     """The options that set the result apart from the embedded model's default run, as command-line flags."""
     model, runtime = result.options.get("model"), result.options.get("runtime")
+    weights = result.options.get("weights", "native")
     flags = "" if model is None else f" --model {model}"
-    return flags + ("" if runtime == TasksOptions.model_fields["runtime"].default else f" --runtime {runtime}")
+    flags += "" if runtime == TasksOptions.model_fields["runtime"].default else f" --runtime {runtime}"
+    return flags + ("" if weights == "native" else f" --weights {weights}")
 
 
 SUITE = TasksSuite()

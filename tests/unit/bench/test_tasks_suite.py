@@ -330,16 +330,47 @@ def test_a_run_adding_a_context_reuses_an_earlier_result_and_its_journal(tiny_mo
         run_tasks(TasksOptions(**same, contexts=[256], items=2, reuse=[tmp_path / "other.json"]))
     with pytest.raises(ValueError, match=r"tasks.json answered other questions \(its options differ in: seed\)"):
         run_tasks(TasksOptions(**same, contexts=[256], items=2, seed=1, reuse=[earlier]))
-    monkeypatch.setattr(suite, "load_model_for", lambda name: pytest.fail("loaded before refusing the result"))
+    monkeypatch.setattr(suite, "load_model_for", lambda name, weights: pytest.fail("loaded before refusing the result"))
     with pytest.raises(ValueError, match=r"differ in: configs\)"):
         run_tasks(TasksOptions(**{**same, "configs": ["default"]}, contexts=[256], items=2, reuse=[earlier]))
-    monkeypatch.setattr(suite, "load_model_for", lambda name: (_Bf16(), None))
+    monkeypatch.setattr(suite, "load_model_for", lambda name, weights: (_Bf16(), None))
     with pytest.raises(ValueError, match=r"tasks.json answered other questions \(its options differ in: dtype\)"):
         run_tasks(TasksOptions(**same, contexts=[256], items=2, reuse=[earlier]))
 
 
 class _Bf16:
     dtype = "torch.bfloat16"
+
+
+def test_the_weights_are_part_of_a_run_and_a_result_from_before_the_option_ran_native(
+    tiny_model_dir, monkeypatch, tmp_path
+):
+    loaded = []
+    load = suite.load_model_for
+
+    def recording_load(name, weights):
+        loaded.append(weights)
+        return load(name, weights)
+
+    monkeypatch.setattr(suite, "load_model_for", recording_load)
+    monkeypatch.setattr(
+        suite, "answer_item", lambda model, tok, item, configs, runtime: [(c, 9, 1.0, "") for c in configs]
+    )
+    same = {"tasks": ["niah_single"], "configs": ["max"], "model": tiny_model_dir, "contexts": [256], "items": 1}
+    int8 = run_tasks(TasksOptions(**same, weights="int8"))
+    assert loaded == ["int8"] and int8.options["weights"] == "int8"
+    assert ", int8 weights;" in suite.render_markdown(int8) and "--weights int8`" in suite.readme_table(int8)
+    native = run_tasks(TasksOptions(**same))
+    assert "weights" not in suite.render_markdown(native).split("runtime")[1].split(";")[0]
+    older = native.model_dump()
+    del older["options"]["weights"]  # a result committed before the option existed
+    path = tmp_path / "tasks.json"
+    path.write_text(json.dumps(older))
+    assert run_tasks(TasksOptions(**same, reuse=[path])).answers == native.answers  # taken as the native run it was
+    with pytest.raises(ValueError, match=r"differ in: weights\)"):
+        run_tasks(TasksOptions(**same, weights="int8", reuse=[path]))
+    with pytest.raises(ValidationError, match="weights"):
+        TasksOptions(weights="int3")
 
 
 @pytest.mark.parametrize("result", ["tasks.json", "gemma-3-270m-q4_k_m/tasks.json"])
@@ -361,5 +392,5 @@ def test_the_committed_task_results_hold_what_the_planned_run_answers(result, mo
     for arguments in suite.SUITE.reproduce:
         CliRunner().invoke(app, ["bench", "tasks", *arguments])
     assert len(planned) == 1, "one planned task run"
-    committed = json.loads((RESULTS / result).read_text(encoding="utf-8"))["options"]
+    committed = {**suite._DEFAULTS_OF_LATER_OPTIONS, **json.loads((RESULTS / result).read_text("utf-8"))["options"]}
     assert planned[0].model_dump(exclude={"model"}) == {k: v for k, v in committed.items() if k != "model"}
