@@ -31,7 +31,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from polykv_agents.model.dtype import DtypeName
 from polykv_agents.model.loading import ModelCache
-from polykv_agents.model.weights import Weights
+from polykv_agents.model.weights import WeightsChoice
 from polykv_agents.pool.registry import DEFAULT_MAX_BYTES, PoolRegistry
 from polykv_agents.pool.shared_pool import SharedKVPool
 from polykv_agents.pool.store import PoolStore
@@ -122,7 +122,7 @@ class Engine:
         *,
         dtype: torch.dtype | DtypeName | None = "auto",
         device: str = "cpu",
-        weights: Weights = "native",
+        weights: WeightsChoice = "auto",
     ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         """``(model, tokenizer)``, loaded once per engine; see :meth:`ModelCache.load`."""
         return self.models.load(name_or_path, dtype=dtype, device=device, weights=weights)
@@ -179,7 +179,7 @@ def load_model(
     *,
     dtype: torch.dtype | DtypeName | None = "auto",
     device: str = "cpu",
-    weights: Weights = "native",
+    weights: WeightsChoice = "auto",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer through the default engine, once per process.
 
@@ -191,9 +191,11 @@ def load_model(
             ``auto`` means. ``None`` keeps the checkpoint's (fp32 for the embedded GGUF). See
             :mod:`polykv_agents.model.dtype`.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``, or ``"auto"`` (CUDA, then MPS, then the CPU).
-        weights: ``"native"`` (default), or weight-only ``"int8"`` / ``"int4"`` on the CPU: faster decode
-            steps, the same pools (see :mod:`polykv_agents.model.weights`; ``python -m benchmarks weights``
-            measures speed and perplexity).
+        weights: ``"auto"`` (default): weight-only ``"int8"`` where the int8 tile kernel runs (a bf16 model on
+            a CPU with AMX), else ``"native"``; ``POLYKV_WEIGHTS`` can say what ``auto`` means. Or name one:
+            ``"native"`` (the model's dtype), ``"int8"`` / ``"int4"`` on the CPU: faster decode steps, the same
+            pools (see :mod:`polykv_agents.model.weights`; ``python -m benchmarks weights`` measures speed and
+            perplexity).
 
     Raises:
         ModelNotFoundError: The model is not on this machine; the message names the fix.

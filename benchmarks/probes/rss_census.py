@@ -131,20 +131,22 @@ def one_process(weights: str, context: int, documents: int, graphs: Path) -> dic
         census.glibc.malloc_trim(0)
     census.stage("after gc and malloc_trim", engine, model)
     engine.close()
-    return {"weights": weights, "dtype": str(model.dtype).removeprefix("torch."),
+    from polykv_agents.model.weights import weights_of
+
+    return {"weights": weights, "stored_weights": weights_of(model), "dtype": str(model.dtype).removeprefix("torch."),
             "threads": torch.get_num_threads(), "stages": census.stages}  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--weights", action="append", default=None, help="native, int8 or int4 (repeatable)")
+    parser.add_argument("--weights", action="append", default=None, help="auto, native, int8 or int4 (repeatable)")
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--documents", type=int, default=3)
     parser.add_argument("--graphs", type=Path, default=Path("langgraph.json"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # the child: one weights setting
     args = parser.parse_args()
-    weights = args.weights or ["native"]
+    weights = args.weights or ["auto"]
     if args.one:
         args.out.write_text(json.dumps(one_process(weights[0], args.context, args.documents, args.graphs)))
         return

@@ -35,17 +35,20 @@ def compare(native: TasksResult, quantized: TasksResult) -> dict[str, Any]:
     if changed != ["weights"]:
         msg = f"the two runs must differ in --weights only; they differ in: {', '.join(changed) or 'nothing'}"
         raise ValueError(msg)
-    scores = {(a.context, a.item, a.config): a.score for a in native.answers}
+    answers = {(a.context, a.item, a.config): a for a in native.answers}
     by_config: dict[str, list[tuple[float, float]]] = {}
+    same_text: dict[str, int] = {}
     for answer in quantized.answers:
-        key = (answer.context, answer.item, answer.config)
-        by_config.setdefault(answer.config, []).append((scores[key], answer.score))
+        theirs = answers[(answer.context, answer.item, answer.config)]
+        by_config.setdefault(answer.config, []).append((theirs.score, answer.score))
+        same_text[answer.config] = same_text.get(answer.config, 0) + (theirs.answer == answer.answer)
     rows = {}
     for config, pairs in by_config.items():
         comparison = paired_comparison([q - n for n, q in pairs])
         rows[config] = {
             "native_score": 100 * statistics.fmean(n for n, _ in pairs),
             "quantized_score": 100 * statistics.fmean(q for _, q in pairs),
+            "same_text": same_text[config],
             "change_points": comparison.model_dump(exclude={"confidence", "resamples"})
             | {key: 100 * getattr(comparison, key) for key in ("mean", "low", "high")},
         }
@@ -67,7 +70,7 @@ def main() -> None:
         print(f"{config:>10}: native {row['native_score']:.1f}, {result['weights']} {row['quantized_score']:.1f}, "
               f"change {change['mean']:+.1f} [{change['low']:+.1f}, {change['high']:+.1f}] points over "
               f"{change['n']} items ({change['better']} rose, {change['worse']} fell, "
-              f"p={change['sign_test_p']:.2f})")  # fmt: skip
+              f"p={change['sign_test_p']:.2f}); the same text in {row['same_text']} answers")  # fmt: skip
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

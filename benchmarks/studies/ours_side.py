@@ -109,6 +109,7 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
     """Load, warm up, then the review and the probe over each document."""
     from benchmarks.studies.graph_e2e import _document, graphs_under_test, run_graph
     from benchmarks.studies.workflows import load_workflow
+    from polykv_agents.model.weights import weights_of
 
     workflow = load_workflow("document_review", Path(request["graphs"]))
     weights, compiled = request["weights"], request["compiled"]
@@ -137,7 +138,8 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
         result["probes"].append(figures)
         result["probe_ids"].append(ids)
     engine.close()
-    result.update(warm_up_s=warm_up_s, rss_after_load_bytes=rss_after_load, rss_peak_bytes=peak_rss_bytes())
+    result.update(warm_up_s=warm_up_s, rss_after_load_bytes=rss_after_load, rss_peak_bytes=peak_rss_bytes(),
+                  weights=weights_of(model))  # what ``auto`` resolved to here  # fmt: skip
     return result
 
 

@@ -6,7 +6,8 @@ probe once on each, figures are medians, intervals come from the documents). Eve
 process of its own (one per method and context), so each peak RSS is one process's ``VmHWM``, its model load
 included. Weight formats (:func:`~benchmarks.studies.peers_writer.formats_note`): llama.cpp computes with the
 file's Q4_1 matrices as stored and, given ``--gguf-f16``, with an F16 file of the same weights; ours
-de-quantises them (bf16, or int8/int4 with ``--weights``):
+de-quantises them (int8 where ``weights="auto"`` picks it, bf16 with ``--weights native``, int4 with ``--weights
+int4``):
 
 - **polykv_agents** (:mod:`benchmarks.studies.ours_side`): the 15-role document-review graph with one pool
   (graphs/document_review.py), its calls recorded token for token
@@ -53,7 +54,7 @@ from benchmarks.studies.workflows import LANGGRAPH_JSON
 from polykv_agents.bench.environment import RunInfo
 from polykv_agents.bench.output import Progress, SuiteResult
 from polykv_agents.bench.suite import SuiteOptions, TableSuite
-from polykv_agents.model.weights import check_weights
+from polykv_agents.model.weights import check_weights_choice
 
 LLAMACPP_SIDE = Path(__file__).with_name("llamacpp_side.py")
 OURS_SIDE = Path(__file__).with_name("ours_side.py")
@@ -83,9 +84,10 @@ class PeersOptions(SuiteOptions):
     keep_in: Path | None = None
     """A folder where each side process's result is kept as it finishes, so that a run stopped part way starts
     again where it stopped (at the same commit, with no uncommitted changes); default: kept nowhere."""
-    weights: list[str] = Field(default=["native"], min_length=1)
-    """How our model stores its weights (native, int8, int4), one set of our rows each (repeatable); llama.cpp
-    replays the calls of the first. The winners table compares the defaults (native, eager), fixed in advance."""
+    weights: list[str] = Field(default=["auto"], min_length=1)
+    """How our model stores its weights (auto: the default, native, int8, int4), one set of our rows each
+    (repeatable); llama.cpp replays the calls of the first. The winners table compares the defaults (auto weights,
+    eager), fixed in advance; each row records the weights ``auto`` resolved to."""
     compiled: list[str] = Field(default=[])
     """Weights settings (of ``--weights``) measured once more with the compiled decode step (repeatable), its
     compilation done in the warm-up, as the prefetch node does it once per process; its seconds are reported."""
@@ -93,7 +95,7 @@ class PeersOptions(SuiteOptions):
     @field_validator("weights", "compiled")
     @classmethod
     def _known_weights(cls, value: list[str]) -> list[str]:
-        return [check_weights(weights) for weights in value]
+        return [check_weights_choice(weights) for weights in value]
 
     @model_validator(mode="after")
     def _compiled_among_weights(self) -> PeersOptions:
@@ -111,10 +113,11 @@ class PeersOptions(SuiteOptions):
 
 
 def our_method(weights: str, compiled: bool = False) -> str:
-    """The method name of our rows with ``weights``, and the compiled decode step or not."""
+    """The method name of our rows with ``weights`` (``auto``, the default, names none), and the compiled decode step
+    or not."""
     return (
         "polykv_agents (one pool)"
-        + ("" if weights == "native" else f", {weights} weights")
+        + ("" if weights == "auto" else f", {weights} weights")
         + (", compiled decode" if compiled else "")
     )
 
@@ -174,7 +177,8 @@ def _ours(options: PeersOptions, context: int, texts: list[str], roles: list[str
         rows.append(
             engine_row(context, method, samples, **_review_extra(result["reviews"]),
                        rss_peak_bytes=result["rss_peak_bytes"], rss_after_load_bytes=result["rss_after_load_bytes"],
-                       weights=weights, compiled_decode=compiled, warm_up_s=result["warm_up_s"])
+                       weights=result.get("weights", weights), compiled_decode=compiled,
+                       warm_up_s=result["warm_up_s"])
         )  # fmt: skip
     return rows, first["replays"], first["probe_ids"]
 
@@ -446,8 +450,8 @@ SUITE = TableSuite(
     _measure,
     write_peers,
     command=(
-        "python -m benchmarks peers --llama-server LLAMA_SERVER --gguf-f16 GGUF_F16 --weights native --weights int8 "
-        "--compiled int8"
+        "python -m benchmarks peers --llama-server LLAMA_SERVER --gguf-f16 GGUF_F16 --weights auto --weights native "
+        "--compiled auto"
     ),
     blocks=readme_blocks,
     reproduce=(),  # needs the [peers] extra and a llama-server binary: benchmarks/run_all.sh runs it when given one

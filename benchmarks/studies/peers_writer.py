@@ -42,8 +42,10 @@ def formats_note(model_file: str, dtype: str, f16: bool = False) -> str:
     return (
         f"Same weights, not always the same format: both sides read `{model_file}`. llama.cpp (Q4_1) computes with "
         f"its weights as stored ({stored}). Ours de-quantises them once (transformers' GGUF loader) and computes in "
-        f"{dtype} (the rows without a weights setting), or re-quantises those values to int8, one scale per output "
-        "channel, or int4 in groups of 32 with the output head in int8 (the int8 and int4 rows)." + f16_text
+        f"{dtype} (native weights), or re-quantises those values to int8, one scale per output channel, or int4 in "
+        "groups of 32 with the output head in int8; each of our rows names its weights, and the rows without a "
+        'weights setting ran the defaults of their commit (`weights="auto"`, int8 on a CPU with AMX, since '
+        "the run after 0d15bbf; native weights before)." + f16_text
     )
 
 
@@ -126,7 +128,7 @@ def _mib(key: str):
 
 
 OUR_FIXED_METHOD = "polykv_agents (one pool)"
-"""The row of ours that the winners table compares, fixed before measuring: the defaults a user gets (native
+"""The row of ours that the winners table compares, fixed before measuring: the defaults a user gets (``auto``
 weights, eager decode), for every measure; other settings are in the full table, never picked after the fact."""
 
 TIE_FRACTION = 0.05

@@ -42,7 +42,10 @@ from polykv_agents.bench.rss import PeakRss
 from polykv_agents.bench.suite import Rendered, SuiteOptions, document_text, load_model_for
 from polykv_agents.config import CompressionConfig
 from polykv_agents.engine import Engine
+from polykv_agents.model.weights import WeightsChoice, weights_of
 from polykv_agents.pool.shared_pool import SharedKVPool
+from polykv_agents.runtime.backend import Runtime
+from polykv_agents.runtime.residency import auto_residency
 from polykv_agents.runtime.shared_prefix import Residency
 from polykv_agents.sampling.settings import GenerationSettings
 
@@ -68,6 +71,11 @@ class AgentsBenchResult(BaseModel):
     context_tokens: int
     max_new_tokens: int
     runtime: str
+    """The prefix residency that ran (``auto`` resolved: :mod:`~polykv_agents.runtime.residency`)."""
+    weights: str = "native"
+    """How the model stored its weights (``auto`` resolved); results from before the option: native."""
+    defaults: bool = False
+    """Whether the run asked for the package's defaults (``--runtime auto --weights auto``): the README's rows."""
     repetitions: int
     pool_nbytes: int
     kv_bytes_pooled_peak: int
@@ -135,24 +143,29 @@ def run_agents_bench(
     context_tokens: int = 2048,
     max_new_tokens: int = 32,
     repetitions: int = 3,
-    runtime: Residency = "decompressed",
+    runtime: Runtime = "auto",
     config: CompressionConfig | None = None,
+    defaults: bool = False,
 ) -> AgentsBenchResult:
     """Measure the runtime, cold and warm, against sequential and naive batched decoding; medians over
-    repetitions after one warm-up of each."""
+    repetitions after one warm-up of each. ``runtime``: the agents' (``auto``: the residency a
+    :class:`PooledAgent` picks here); ``defaults``: recorded, whether the caller asked for the package's defaults."""
     ids = tokenizer(text, return_tensors="pt").input_ids[0]
     if ids.numel() < context_tokens:
         msg = f"the document has {ids.numel()} tokens, fewer than --context-tokens {context_tokens}; use a longer one"
         raise ValueError(msg)
     prefix_text = tokenizer.decode(ids[:context_tokens], skip_special_tokens=True)
     pool = SharedKVPool.prefill(model, tokenizer, prefix_text, config=config)
+    residency: Residency = auto_residency(model, pool, compiled_steps=False) if runtime == "auto" else runtime
     roles = role_prompts(agents)
     questions = [q for _, q in roles]
     # EOS is ignored so that every method decodes exactly max_new_tokens per agent.
     settings = GenerationSettings(max_new_tokens=max_new_tokens, ignore_eos=True)
 
     def agents_on(engine: Engine) -> list[PooledAgent]:
-        return [PooledAgent(pool, model, tokenizer, system_prompt=r, runtime=runtime, engine=engine) for r, _ in roles]
+        return [
+            PooledAgent(pool, model, tokenizer, system_prompt=r, runtime=residency, engine=engine) for r, _ in roles
+        ]
 
     # The warm engine's schedulers never retire: the baselines take longer than the idle timeout.
     warm_engine = Engine(scheduler_idle_seconds=None, max_prefix_bytes=0)
@@ -190,7 +203,7 @@ def run_agents_bench(
             if repetition:
                 samples[name].append(tok_s)
                 rss[name].append(peak)
-    scheduler = warm_engine.schedulers.scheduler_for(model, tokenizer, pool, runtime)
+    scheduler = warm_engine.schedulers.scheduler_for(model, tokenizer, pool, residency)
     kv_pooled_peak = pool.nbytes + scheduler.prefix.peak_held_nbytes + scheduler.peak_suffix_nbytes
     warm_engine.close()
     return AgentsBenchResult(
@@ -201,7 +214,9 @@ def run_agents_bench(
         agents=agents,
         context_tokens=pool.num_tokens,
         max_new_tokens=max_new_tokens,
-        runtime=runtime,
+        runtime=residency,
+        weights=weights_of(model),
+        defaults=defaults,
         repetitions=repetitions,
         pool_nbytes=pool.nbytes,
         kv_bytes_pooled_peak=kv_pooled_peak,
@@ -225,8 +240,10 @@ class AgentsOptions(SuiteOptions):
     """Tokens each agent decodes."""
     repetitions: int = Field(default=3, ge=1)
     """Timed repetitions after one warm-up."""
-    runtime: Literal["decompressed", "compressed"] = "decompressed"
-    """Prefix residency: decompressed or compressed."""
+    runtime: Literal["auto", "decompressed", "compressed"] = "auto"
+    """Prefix residency: `auto` (the agents' default: the faster one here), decompressed or compressed."""
+    weights: WeightsChoice = "auto"
+    """How the model stores its weights: `auto` (the loaders' default), native, int8 or int4."""
     model: str | None = None
     """Local HF model dir or cached id; default: embedded."""
 
@@ -248,8 +265,10 @@ def results_lines(results: list[AgentsBenchResult]) -> list[str]:
     lines = [
         "## Many agents at once: batched runtime vs sequential vs naive batching",
         "",
-        "Produced by `polykv-agents bench agents --context-tokens T` for T in 2048 and 4096, and with "
-        "`--runtime compressed` at 2048 (`polykv-agents bench plan` lists the runs).",
+        "Produced by `polykv-agents bench agents --context-tokens T` for T in 2048 and 4096 (the defaults: "
+        "`--runtime auto --weights auto`, resolved for this machine in the table), and with "
+        "`--runtime decompressed --weights native` at 4096, the defaults until 0.2 "
+        "(`polykv-agents bench plan` lists the runs).",
         "",
         f"Machine: x86_64, {first.threads} torch threads, CPU. Model: {first.model_name} "
         f"({first.dtype}; every method runs in the same dtype). {first.agents} agents, "
@@ -266,29 +285,30 @@ def results_lines(results: list[AgentsBenchResult]) -> list[str]:
         "- `naive batched`: one batched forward per step over the decoded prefix copied once per agent into a "
         "preallocated static cache (`polykv_agents/bench/naive.py`).",
         "",
-        "| context | prefix residency | KV peak, runtime | KV peak, naive | tok/s batched cold / warm "
+        "| context | prefix residency | weights | KV peak, runtime | KV peak, naive | tok/s batched cold / warm "
         "| tok/s sequential | tok/s naive batched | naive rows = batched "
         "| peak RSS GiB: batched / sequential / naive |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         tok, rss = r.throughput_tok_s, r.rss_peak_bytes
         lines.append(
-            f"| {r.context_tokens} | {r.runtime} | {r.kv_bytes_pooled_peak / 2**20:.1f} MiB "
+            f"| {r.context_tokens} | {r.runtime} | {_weights_cell(r)} | {r.kv_bytes_pooled_peak / 2**20:.1f} MiB "
             f"| {r.kv_bytes_naive_peak / 2**20:.1f} MiB | {tok['batched_cold']:.1f} / {tok['batched_warm']:.1f} "
             f"| {tok['sequential']:.1f} | {tok['naive']:.1f} | {r.naive_rows_identical}/{r.agents} "
             f"| {_gib(rss['batched_warm'])} / {_gib(rss['sequential'])} / {_gib(rss['naive'])} |"
         )
     lines += [
         "",
-        "| context | prefix residency | KV memory: naive / runtime | batched warm / sequential "
+        "| context | prefix residency | weights | KV memory: naive / runtime | batched warm / sequential "
         "| batched warm / naive | batched cold / naive |",
-        "|---:|---|---:|---:|---:|---:|",
+        "|---:|---|---|---:|---:|---:|---:|",
     ]
     for r in results:
         tok = r.throughput_tok_s
         lines.append(
-            f"| {r.context_tokens} | {r.runtime} | {r.kv_bytes_naive_peak / r.kv_bytes_pooled_peak:.1f}x "
+            f"| {r.context_tokens} | {r.runtime} | {_weights_cell(r)} "
+            f"| {r.kv_bytes_naive_peak / r.kv_bytes_pooled_peak:.1f}x "
             f"| {tok['batched_warm'] / tok['sequential']:.1f}x | {tok['batched_warm'] / tok['naive']:.1f}x "
             f"| {tok['batched_cold'] / tok['naive']:.1f}x |"
         )
@@ -300,9 +320,14 @@ def results_lines(results: list[AgentsBenchResult]) -> list[str]:
     return lines
 
 
+def _weights_cell(result: AgentsBenchResult) -> str:
+    """The table's weights cell: the stored form, and whether it was the default."""
+    return f"{result.weights} (default)" if result.defaults else result.weights
+
+
 def readme_table(results: list[AgentsBenchResult]) -> str | None:
-    """The README's summary: the default residency at each context (``None``: not measured)."""
-    rows = [r for r in results if r.runtime == "decompressed"]
+    """The README's summary: the defaults at each context (``None``: not measured)."""
+    rows = [r for r in results if r.defaults]
     if not rows:
         return None
     first = rows[0]
@@ -328,26 +353,28 @@ def readme_table(results: list[AgentsBenchResult]) -> str | None:
 
 
 def readme_residency(results: list[AgentsBenchResult]) -> str | None:
-    """The README's sentence on the two prefix residencies, at the smallest context measured with both
-    (``None``: none was)."""
-    by_key = {(r.context_tokens, r.runtime): r for r in results}
-    both = [c for c, runtime in by_key if runtime == "compressed" and (c, "decompressed") in by_key]
+    """The README's sentence on the defaults against a decoded prefix with native weights (the defaults until
+    0.2), at the smallest context measured with both (``None``: none was)."""
+    defaults = {r.context_tokens: r for r in results if r.defaults}
+    before = {
+        r.context_tokens: r for r in results if (r.runtime, r.weights, r.defaults) == ("decompressed", "native", False)
+    }
+    both = sorted(set(defaults) & set(before))
     if not both:
         return None
-    context = min(both)
-    decoded, compressed = by_key[(context, "decompressed")], by_key[(context, "compressed")]
+    now, then = defaults[both[0]], before[both[0]]
     return (
-        f"Prefix residency at {context:,} tokens: `decompressed` peaks at "
-        f"{decoded.kv_bytes_pooled_peak / 2**20:,.0f} MiB of KV and decodes "
-        f"{decoded.throughput_tok_s['batched_warm']:.1f} tok/s warm; `compressed` peaks at "
-        f"{compressed.kv_bytes_pooled_peak / 2**20:,.0f} MiB "
-        f"({compressed.kv_bytes_naive_peak / compressed.kv_bytes_pooled_peak:.1f}x less than {compressed.agents} "
-        f"copies) and decodes {compressed.throughput_tok_s['batched_warm']:.1f} tok/s."
+        f"At {both[0]:,} tokens the defaults here (`{now.runtime}` residency, {now.weights} weights) peak at "
+        f"{now.kv_bytes_pooled_peak / 2**20:,.0f} MiB of KV ({now.kv_bytes_naive_peak / now.kv_bytes_pooled_peak:.1f}x "
+        f"less than {now.agents} copies) and decode {now.throughput_tok_s['batched_warm']:.1f} tok/s warm; a decoded "
+        f"prefix with native weights (the defaults until 0.2) peaks at {then.kv_bytes_pooled_peak / 2**20:,.0f} MiB "
+        f"and decodes {then.throughput_tok_s['batched_warm']:.1f} tok/s."
     )
 
 
 class AgentsSuite:
-    """``polykv-agents bench agents``: one JSON per (context, residency), ``agents_[compressed_]<T>.json``."""
+    """``polykv-agents bench agents``: one JSON per run, ``agents_<T>.json`` for the defaults, else
+    ``agents_<residency>_<weights>_<T>.json``."""
 
     name = "agents"
     summary = "N concurrent agents over one pool, cold and warm, vs sequential agents vs naive static-cache batching."
@@ -355,21 +382,23 @@ class AgentsSuite:
     reproduce = (
         ("--context-tokens", "2048"),
         ("--context-tokens", "4096"),
-        ("--context-tokens", "2048", "--runtime", "compressed"),
+        ("--context-tokens", "4096", "--runtime", "decompressed", "--weights", "native"),  # the defaults until 0.2
     )
 
     def run(self, options: AgentsOptions, progress: Progress) -> AgentsBenchResult:
         text = document_text(options.document)
-        model, tokenizer = load_model_for(options.model)
+        model, tokenizer = load_model_for(options.model, weights=options.weights)
         progress(f"{options.agents} agents x {options.repetitions + 1} repetitions")
+        defaults = options.runtime == "auto" and options.weights == "auto"
         return run_agents_bench(
             model, tokenizer, text, agents=options.agents, context_tokens=options.context_tokens,
             max_new_tokens=options.max_new_tokens, repetitions=options.repetitions, runtime=options.runtime,
+            defaults=defaults,
         )  # fmt: skip
 
     def write(self, result: AgentsBenchResult, out_dir: Path) -> list[Path]:
-        residency = "" if result.runtime == "decompressed" else f"{result.runtime}_"
-        path = out_dir / f"agents_{residency}{result.context_tokens}.json"
+        settings = "" if result.defaults else f"{result.runtime}_{result.weights}_"
+        path = out_dir / f"agents_{settings}{result.context_tokens}.json"
         out_dir.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result.model_dump()) + "\n", encoding="utf-8")
         return [path]
@@ -379,7 +408,7 @@ class AgentsSuite:
         if not paths:
             return None
         results = [AgentsBenchResult.model_validate_json(p.read_text()) for p in paths]
-        results.sort(key=lambda r: (r.context_tokens, r.runtime))
+        results.sort(key=lambda r: (r.context_tokens, not r.defaults, r.runtime, r.weights))
         return Rendered(
             provenance=[r.provenance for r in results],
             results=results_lines(results),

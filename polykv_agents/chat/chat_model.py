@@ -40,7 +40,7 @@ from polykv_agents.chat.structured_output import response_format_grammar, struct
 from polykv_agents.engine import Engine, default_engine
 from polykv_agents.model.dtype import DtypeName
 from polykv_agents.model.loading import DEFAULT_MODEL
-from polykv_agents.model.weights import Weights
+from polykv_agents.model.weights import WeightsChoice
 from polykv_agents.pool.documents import Document
 from polykv_agents.pool.handle import PoolHandle
 from polykv_agents.pool.shared_pool import SharedKVPool
@@ -186,7 +186,8 @@ class ChatPolyKV(BaseChatModel):
         dtype: str
             ``"auto"`` (bf16 where the hardware has it natively, else fp32), or a dtype name.
         weights: str
-            ``"native"``, or weight-only ``"int8"`` / ``"int4"`` on the CPU (faster decode steps).
+            ``"auto"`` (default: int8 where the int8 tile kernel runs, else native), ``"native"``, or
+            weight-only ``"int8"`` / ``"int4"`` on the CPU (faster decode steps).
         runtime: str
             ``"auto"`` (batched, default: the faster residency here), ``"decompressed"``, ``"compressed"``
             (batched, only the pool resident) or ``"private"``.
@@ -351,9 +352,11 @@ class ChatPolyKV(BaseChatModel):
     """What the model computes in: ``auto`` is bf16 where the device has it natively (AVX-512 bf16 or AMX
     CPUs, CUDA), else fp32. A pool serves every dtype: it holds codes, not tensors of one dtype."""
 
-    weights: Weights = "native"
-    """How the model stores its weights: ``native`` (its dtype), or weight-only ``int8`` / ``int4`` on the CPU,
-    which make decode steps faster (``python -m benchmarks weights``). The same pools serve every setting."""
+    weights: WeightsChoice = "auto"
+    """How the model stores its weights: ``auto`` (int8 where the int8 tile kernel runs, else native; see
+    :func:`~polykv_agents.model.weights.resolve_weights`), ``native`` (its dtype), or weight-only ``int8`` /
+    ``int4`` on the CPU, which make decode steps faster (``python -m benchmarks weights``). The same pools serve
+    every setting."""
 
     parallel_tool_calls: bool = False
     """Whether one answer may hold several tool calls; ``bind_tools(parallel_tool_calls=...)`` overrides it.

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from polykv_agents.chat.chat_model import ChatPolyKV
 from polykv_agents.config import PRESETS, CompressionConfig
-from polykv_agents.model.weights import Weights
+from polykv_agents.model.weights import WeightsChoice
 from polykv_agents.runtime.backend import Runtime
 
 
@@ -39,7 +39,7 @@ class PolyKVContext(BaseModel):
             "auto (the faster residency here), decompressed, compressed (only the pool) or private (one copy per call)."
         ),
     )
-    weights: Weights | None = Field(default=None, description="native, int8 or int4 weight storage.")
+    weights: WeightsChoice | None = Field(default=None, description="auto, native, int8 or int4 weight storage.")
     preset: str | None = Field(
         default=None, description=f"Compression preset of the pool: one of {', '.join(PRESETS)}."
     )

@@ -25,7 +25,7 @@ from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.model.device import resolve_device
 from polykv_agents.model.dtype import DtypeName, resolve_dtype
 from polykv_agents.model.heap import release_free_heap
-from polykv_agents.model.weights import Weights, check_weights, quantize_weights
+from polykv_agents.model.weights import Weights, WeightsChoice, quantize_weights, resolve_weights
 
 logger = logging.getLogger(__name__)
 
@@ -197,12 +197,12 @@ class ModelCache:
         *,
         dtype: torch.dtype | DtypeName | None = "auto",
         device: str = "cpu",
-        weights: Weights = "native",
+        weights: WeightsChoice = "auto",
     ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         """``(model, tokenizer)``, loaded once per cache; arguments and errors as :func:`polykv_agents.load_model`."""
         device = resolve_device(device)  # "auto" resolved; a device this process lacks is refused before loading
         dtype = resolve_dtype(dtype, device)  # "auto" and the dtype it means share one copy
-        weights = check_weights(weights)
+        weights = resolve_weights(weights, dtype, device)  # so do the weights
         key = (name_or_path or DEFAULT_MODEL, str(dtype), str(device), weights)
         with self._lock:  # held while loading: two callers of one model must not load it twice
             if key not in self._loaded:

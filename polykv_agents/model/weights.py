@@ -1,4 +1,5 @@
-"""How a model stores its weights: ``native`` (its dtype), or weight-only ``int8`` / ``int4`` for faster decoding.
+"""How a model stores its weights: ``native`` (its dtype), or weight-only ``int8`` / ``int4`` for faster decoding;
+``auto`` (every loader's default) picks one for the machine (:func:`resolve_weights`).
 
 Quantizing swaps every ``nn.Linear`` of the model for an
 :class:`~polykv_agents.model.quantized_linear.Int8Linear` or
@@ -19,6 +20,7 @@ The kernels are CPU kernels, so ``int8`` and ``int4`` are for models on the CPU;
 from __future__ import annotations
 
 import logging
+import os
 from typing import Literal, get_args
 
 import torch
@@ -26,6 +28,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from polykv_agents.model.heap import release_free_heap
+from polykv_agents.model.int8_tiles import tiles_available
 from polykv_agents.model.quantized_linear import Int4Linear, Int8Linear, int4_supported
 
 logger = logging.getLogger(__name__)
@@ -35,15 +38,56 @@ Weights = Literal["native", "int8", "int4"]
 
 WEIGHTS: tuple[str, ...] = get_args(Weights)
 
+WeightsChoice = Literal["auto", "native", "int8", "int4"]
+"""What a caller may ask for: a stored form, or ``auto`` (:func:`resolve_weights`)."""
+
+WEIGHTS_ENV_VAR = "POLYKV_WEIGHTS"
+"""Environment variable: the stored form ``auto`` means (``native``, ``int8`` or ``int4``), for every load that
+does not name one."""
+
 _ATTRIBUTE = "_polykv_weights"
 
 
 def check_weights(weights: object) -> Weights:
-    """``weights`` checked against :data:`WEIGHTS`."""
+    """``weights`` checked against :data:`WEIGHTS` (a stored form; ``auto`` goes through :func:`resolve_weights`)."""
     if weights not in WEIGHTS:
         msg = f"weights must be one of {', '.join(map(repr, WEIGHTS))}, got {weights!r}"
         raise ValueError(msg)
     return weights  # type: ignore[return-value]
+
+
+def check_weights_choice(weights: object) -> str:
+    """``weights`` checked as a caller's choice: ``auto`` or a stored form (:data:`WEIGHTS`)."""
+    if weights != "auto" and weights not in WEIGHTS:
+        msg = f"weights must be 'auto' or one of {', '.join(map(repr, WEIGHTS))}, got {weights!r}"
+        raise ValueError(msg)
+    return weights  # type: ignore[return-value]
+
+
+def resolve_weights(weights: object, dtype: torch.dtype | None, device: torch.device | str) -> Weights:
+    """The stored form ``weights`` means for a model in ``dtype`` on ``device``.
+
+    ``auto``: ``$POLYKV_WEIGHTS`` where it is set; else ``int8`` where the int8 tile kernel runs (a bfloat16 model
+    on a CPU with AMX tiles, :func:`~polykv_agents.model.int8_tiles.tiles_available`), else ``native``. With the
+    kernel, int8 weights decode faster than the native ones for 1 to 16 agents, make the process smaller and
+    change perplexity by +0.12% [-0.23, +0.46] (``benchmarks/results/issue42/int8_matmul.json``) and task scores
+    on two model families by at most 2 items in 70 (``benchmarks/results/issue42/weights_tasks``; docs/RUNTIME.md,
+    "Which weights by default"); without it, PyTorch's int8 kernel is slower than bfloat16 above a few rows, so
+    the native weights stay.
+
+    Raises:
+        ValueError: An unknown name, here or in ``POLYKV_WEIGHTS``.
+    """
+    if check_weights_choice(weights) != "auto":
+        return weights  # type: ignore[return-value]
+    pinned = os.environ.get(WEIGHTS_ENV_VAR, "").strip()
+    if pinned and pinned != "auto":
+        if pinned not in WEIGHTS:
+            msg = f"{WEIGHTS_ENV_VAR} must be 'auto' or one of {', '.join(map(repr, WEIGHTS))}, got {pinned!r}"
+            raise ValueError(msg)
+        return pinned  # type: ignore[return-value]
+    on_tiles = dtype == torch.bfloat16 and torch.device(device).type == "cpu" and tiles_available()
+    return "int8" if on_tiles else "native"
 
 
 def weights_of(model: PreTrainedModel) -> Weights:

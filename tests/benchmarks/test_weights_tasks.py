@@ -30,6 +30,7 @@ def test_each_config_is_paired_item_by_item():
     assert result["weights"] == "int8"
     full, default = result["configs"]["full"], result["configs"]["default"]
     assert (full["native_score"], full["quantized_score"]) == (50, 75)
+    assert full["same_text"] == 4  # every answer is the empty string here
     assert full["change_points"]["mean"] == 25 and (
         full["change_points"]["better"],
         full["change_points"]["worse"],

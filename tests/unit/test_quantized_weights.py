@@ -12,9 +12,10 @@ from tiny_models import assert_pairwise_distinct, tiny_causal_lm, tiny_sensitive
 from torch import nn
 
 from polykv_agents import ChatPolyKV, Engine, PooledAgent, SharedKVPool
+from polykv_agents.model import weights as weights_module
 from polykv_agents.model.fingerprint import model_fingerprint
 from polykv_agents.model.quantized_linear import INT4_GROUP_SIZE, KERNEL_MAX_ROWS, Int4Linear, Int8Linear
-from polykv_agents.model.weights import quantize_weights, weights_of
+from polykv_agents.model.weights import WEIGHTS_ENV_VAR, quantize_weights, resolve_weights, weights_of
 from polykv_agents.sampling.settings import GenerationSettings
 
 ROLES = ["planner", "critic", "summarizer", "fox", "dog"]
@@ -173,7 +174,7 @@ def test_batched_agents_on_quantized_weights_match_their_sequential_answers(tiny
 
 def test_an_engine_keeps_one_copy_per_weights_and_a_chat_model_asks_for_its_own(tiny_model_dir):
     engine = Engine()
-    native, _ = engine.load_model(tiny_model_dir)
+    native, _ = engine.load_model(tiny_model_dir, weights="native")
     int8, _ = engine.load_model(tiny_model_dir, weights="int8")
     assert weights_of(native) == "native" and weights_of(int8) == "int8"
     assert engine.load_model(tiny_model_dir, weights="int8")[0] is int8 and len(engine.models) == 2
@@ -185,6 +186,40 @@ def test_an_engine_keeps_one_copy_per_weights_and_a_chat_model_asks_for_its_own(
 
 def test_a_chat_model_s_identity_names_its_weights_and_dtype():
     """LangChain's response cache keys on it: answers from int8 weights are not native answers."""
-    native, int8 = ChatPolyKV(), ChatPolyKV(weights="int8")
+    native, int8 = ChatPolyKV(weights="native"), ChatPolyKV(weights="int8")
     assert native._identifying_params["weights"] == "native" and int8._identifying_params["weights"] == "int8"
+    assert ChatPolyKV()._identifying_params["weights"] == "auto"  # like the dtype: what the user asked for
     assert native._identifying_params["dtype"] == "auto"
+
+
+@pytest.mark.parametrize("tiles", [True, False])
+def test_auto_weights_are_int8_where_the_tile_kernel_runs_and_native_elsewhere(tiles, monkeypatch):
+    monkeypatch.delenv(WEIGHTS_ENV_VAR, raising=False)
+    monkeypatch.setattr(weights_module, "tiles_available", lambda: tiles)
+    assert resolve_weights("auto", torch.bfloat16, "cpu") == ("int8" if tiles else "native")
+    assert resolve_weights("auto", torch.float32, "cpu") == "native"  # the kernel takes bfloat16 rows only
+    assert resolve_weights("auto", None, "cpu") == "native"  # the checkpoint's dtype: not known before loading
+    assert resolve_weights("auto", torch.bfloat16, "cuda:0") == "native"  # the kernels are CPU kernels
+    assert resolve_weights("int4", torch.bfloat16, "cpu") == "int4"  # a named form is taken as it is
+
+
+def test_polykv_weights_says_what_auto_means(monkeypatch):
+    monkeypatch.setattr(weights_module, "tiles_available", lambda: True)
+    monkeypatch.setenv(WEIGHTS_ENV_VAR, "native")
+    assert resolve_weights("auto", torch.bfloat16, "cpu") == "native"
+    assert resolve_weights("int8", torch.bfloat16, "cpu") == "int8"  # a named form wins over the variable
+    monkeypatch.setenv(WEIGHTS_ENV_VAR, "int3")
+    with pytest.raises(ValueError, match="POLYKV_WEIGHTS must be 'auto' or one of 'native', 'int8', 'int4'"):
+        resolve_weights("auto", torch.bfloat16, "cpu")
+    with pytest.raises(ValueError, match="weights must be 'auto' or one of"):
+        resolve_weights("int2", torch.bfloat16, "cpu")
+
+
+def test_auto_and_the_form_it_means_share_one_loaded_copy(tiny_model_dir, monkeypatch):
+    monkeypatch.delenv(WEIGHTS_ENV_VAR, raising=False)
+    monkeypatch.setattr(weights_module, "tiles_available", lambda: True)
+    engine = Engine()
+    model, _ = engine.load_model(tiny_model_dir, dtype="bfloat16")
+    assert weights_of(model) == "int8"
+    assert engine.load_model(tiny_model_dir, dtype="bfloat16", weights="int8")[0] is model and len(engine.models) == 1
+    assert weights_of(engine.load_model(tiny_model_dir, dtype="float32")[0]) == "native"

@@ -121,6 +121,11 @@ def test_compiled_rows_are_added_to_weights_settings_that_are_measured():
     options = PeersOptions(weights=["native", "int8"], compiled=["int8"])
     assert options.variants() == [("native", False), ("int8", False), ("int8", True)]
     assert our_method("int8", compiled=True) == "polykv_agents (one pool), int8 weights, compiled decode"
+    # the defaults (auto) name no weights, and the native weights are named like any other setting
+    assert our_method("auto") == "polykv_agents (one pool)" == our_method(PeersOptions().weights[0])
+    assert our_method("native") == "polykv_agents (one pool), native weights"
+    with pytest.raises(ValueError, match="weights must be 'auto' or one of"):
+        PeersOptions(weights=["int3"])
     with pytest.raises(ValueError, match="--compiled int4 needs --weights int4 too"):
         PeersOptions(weights=["native"], compiled=["int4"])
 

@@ -31,13 +31,11 @@ def test_plan_lists_registered_runs_whose_options_parse():
 
 def test_bench_agents_runs_on_a_tiny_model_and_its_json_renders(tiny_model_dir, tmp_path):
     out = tmp_path / "results"
-    result = runner.invoke(
-        app,
-        [
-            "bench", "agents", "--model", tiny_model_dir, "--agents", "2", "--context-tokens", "64",
-            "--max-new-tokens", "2", "--repetitions", "1", "--out", str(out), "--json",
-        ],
-    )  # fmt: skip
+    arguments = [
+        "bench", "agents", "--model", tiny_model_dir, "--agents", "2", "--context-tokens", "64",
+        "--max-new-tokens", "2", "--repetitions", "1", "--out", str(out), "--json",
+    ]  # fmt: skip
+    result = runner.invoke(app, arguments)
     assert result.exit_code == 0, result.output
     row = json.loads(result.stdout)
     assert row["agents"] == 2 and row["kv_bytes_naive_peak"] > 0
@@ -45,9 +43,20 @@ def test_bench_agents_runs_on_a_tiny_model_and_its_json_renders(tiny_model_dir, 
     assert set(row["throughput_tok_s"]) == set(row["rss_peak_bytes"]) == methods
     assert all(len(row["samples_tok_s"][m]) == 1 and row["rss_peak_bytes"][m] > 0 for m in methods)
     assert row["naive_rows_identical"] == 2  # fp32, greedy: the naive baseline decodes the runtime's tokens
-    assert [p.name for p in out.iterdir()] == [f"agents_{row['context_tokens']}.json"]
+    assert [p.name for p in out.iterdir()] == [f"agents_{row['context_tokens']}.json"]  # the defaults' file
+    # an fp32 tiny model: auto keeps the decoded prefix and the native weights (the tile kernels take bf16)
+    assert (row["runtime"], row["weights"], row["defaults"]) == ("decompressed", "native", True)
     rendered = SUITES["agents"].render(out)
-    assert rendered is not None and f"| {row['context_tokens']} | decompressed |" in "\n".join(rendered.results)
+    assert rendered is not None and f"| {row['context_tokens']} | decompressed | native (default) |" in "\n".join(
+        rendered.results
+    )
+    assert "agents" in rendered.blocks  # the README's table: the defaults' rows
+    named = ["--runtime", "compressed", "--weights", "int8"]
+    result = runner.invoke(app, [*arguments, *named])
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)
+    assert (row["runtime"], row["weights"], row["defaults"]) == ("compressed", "int8", False)
+    assert (out / f"agents_compressed_int8_{row['context_tokens']}.json").exists()
 
 
 def test_bad_suite_options_are_one_error_line(tmp_path):
