@@ -11,10 +11,12 @@ the peers' probe runs them (graphs/document_review.py, 32 tokens per answer, EOS
 - glibc's heap: bytes in use and bytes free but not returned to the system (``mallinfo2``; absent elsewhere);
 - at the end, the RSS after ``gc.collect()`` and ``malloc_trim(0)``: what the allocator was holding free.
 
-The imports are measured in steps (torch; transformers and langgraph; this package), so the libraries' share is
-apart from the work's. Writes ``--out`` (JSON) and prints each stage:
+The imports are measured in steps (torch; transformers and langgraph; transformers' Llama modeling code, which any
+process loading a Llama imports, and which brings in ``torch._dynamo`` and ``torch.distributed.tensor``; this
+package), so the libraries' share is apart from the work's and this package's own imports apart from transformers'.
+Writes ``--out`` (JSON) and prints each stage:
 
-    python -m benchmarks.probes.rss_census --weights native --weights int8 \
+    python -m benchmarks.probes.rss_census --weights auto --weights native \
         --out benchmarks/results/issue42/rss_census.json
 
 The committed JSON says which commit and machine produced it.
@@ -105,9 +107,12 @@ def one_process(weights: str, context: int, documents: int, graphs: Path) -> dic
 
     census.stage("import torch")
     import langgraph.graph  # noqa: F401
-    import transformers  # noqa: F401
+    import transformers
 
     census.stage("import transformers, langgraph")
+    import transformers.models.llama.modeling_llama  # noqa: F401  (any Llama's loading imports it)
+
+    census.stage("import transformers' Llama modeling")
     from benchmarks.studies.graph_e2e import _document, graphs_under_test, run_graph
     from benchmarks.studies.workflows import load_workflow
     from polykv_agents.eval.corpus import pydoc_documents

@@ -267,7 +267,7 @@ def results_lines(results: list[AgentsBenchResult]) -> list[str]:
         "",
         "Produced by `polykv-agents bench agents --context-tokens T` for T in 2048 and 4096 (the defaults: "
         "`--runtime auto --weights auto`, resolved for this machine in the table), and with "
-        "`--runtime decompressed --weights native` at 4096, the defaults until 0.2 "
+        "`--runtime decompressed --weights native` at 4096, the defaults before both were `auto` "
         "(`polykv-agents bench plan` lists the runs).",
         "",
         f"Machine: x86_64, {first.threads} torch threads, CPU. Model: {first.model_name} "
@@ -367,8 +367,8 @@ def readme_residency(results: list[AgentsBenchResult]) -> str | None:
         f"At {both[0]:,} tokens the defaults here (`{now.runtime}` residency, {now.weights} weights) peak at "
         f"{now.kv_bytes_pooled_peak / 2**20:,.0f} MiB of KV ({now.kv_bytes_naive_peak / now.kv_bytes_pooled_peak:.1f}x "
         f"less than {now.agents} copies) and decode {now.throughput_tok_s['batched_warm']:.1f} tok/s warm; a decoded "
-        f"prefix with native weights (the defaults until 0.2) peaks at {then.kv_bytes_pooled_peak / 2**20:,.0f} MiB "
-        f"and decodes {then.throughput_tok_s['batched_warm']:.1f} tok/s."
+        f"prefix with native weights (the defaults before both were `auto`) peaks at "
+        f"{then.kv_bytes_pooled_peak / 2**20:,.0f} MiB and decodes {then.throughput_tok_s['batched_warm']:.1f} tok/s."
     )
 
 
@@ -382,7 +382,8 @@ class AgentsSuite:
     reproduce = (
         ("--context-tokens", "2048"),
         ("--context-tokens", "4096"),
-        ("--context-tokens", "4096", "--runtime", "decompressed", "--weights", "native"),  # the defaults until 0.2
+        # the defaults before both were auto
+        ("--context-tokens", "4096", "--runtime", "decompressed", "--weights", "native"),
     )
 
     def run(self, options: AgentsOptions, progress: Progress) -> AgentsBenchResult:
