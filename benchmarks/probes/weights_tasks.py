@@ -20,7 +20,7 @@ from typing import Any
 
 from polykv_agents.bench.journal import differing_options
 from polykv_agents.bench.stats import paired_comparison
-from polykv_agents.bench.tasks import _DEFAULTS_OF_LATER_OPTIONS, TasksResult
+from polykv_agents.bench.tasks import DEFAULTS_OF_LATER_OPTIONS, TasksResult
 
 
 def read(path: Path) -> TasksResult:
@@ -29,8 +29,8 @@ def read(path: Path) -> TasksResult:
 
 def compare(native: TasksResult, quantized: TasksResult) -> dict[str, Any]:
     """Per config, the quantized run's scores against the native run's on the same items."""
-    native_options = {**_DEFAULTS_OF_LATER_OPTIONS, **native.options}
-    quantized_options = {**_DEFAULTS_OF_LATER_OPTIONS, **quantized.options}
+    native_options = {**DEFAULTS_OF_LATER_OPTIONS, **native.options}
+    quantized_options = {**DEFAULTS_OF_LATER_OPTIONS, **quantized.options}
     changed = differing_options(native_options, quantized_options)
     if changed != ["weights"]:
         msg = f"the two runs must differ in --weights only; they differ in: {', '.join(changed) or 'nothing'}"

@@ -22,12 +22,15 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from polykv_agents.bench.output import Progress, SuiteResult
 from polykv_agents.bench.provenance import Provenance
+
+if TYPE_CHECKING:
+    from polykv_agents.model.weights import WeightsChoice
 
 
 class SuiteOptions(BaseModel):
@@ -88,7 +91,7 @@ class Suite(Protocol):
         ...
 
 
-def load_model_for(model: str | None, weights: str = "native"):
+def load_model_for(model: str | None, weights: WeightsChoice = "native"):
     """``(model, tokenizer)``: the embedded model, or the local/cached one named by ``--model``, its weights stored
     as ``weights``."""
     from polykv_agents.engine import load_model

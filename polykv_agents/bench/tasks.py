@@ -206,13 +206,13 @@ def read_reused(paths: Sequence[Path], settings: dict[str, Any]) -> list[tuple[P
             msg = f"{path} is not a `bench tasks` result ({e.error_count()} errors, the first: {e.errors()[0]['msg']}, "
             msg += f"at {'.'.join(map(str, e.errors()[0]['loc'])) or 'the top'}); give --reuse a tasks.json it wrote"
             raise ValueError(msg) from None
-        written = {**_DEFAULTS_OF_LATER_OPTIONS, **result.options}  # a result from before an option ran its default
+        written = {**DEFAULTS_OF_LATER_OPTIONS, **result.options}  # a result from before an option ran its default
         _refuse_other_questions(path, differing_options(written, settings, EXTENT))
         results.append((Path(path), result))
     return results
 
 
-_DEFAULTS_OF_LATER_OPTIONS = {"weights": "native"}
+DEFAULTS_OF_LATER_OPTIONS = {"weights": "native"}
 """Options added after results were committed, with the value those results ran with."""
 
 

@@ -392,5 +392,5 @@ def test_the_committed_task_results_hold_what_the_planned_run_answers(result, mo
     for arguments in suite.SUITE.reproduce:
         CliRunner().invoke(app, ["bench", "tasks", *arguments])
     assert len(planned) == 1, "one planned task run"
-    committed = {**suite._DEFAULTS_OF_LATER_OPTIONS, **json.loads((RESULTS / result).read_text("utf-8"))["options"]}
+    committed = {**suite.DEFAULTS_OF_LATER_OPTIONS, **json.loads((RESULTS / result).read_text("utf-8"))["options"]}
     assert planned[0].model_dump(exclude={"model"}) == {k: v for k, v in committed.items() if k != "model"}
