@@ -8,7 +8,8 @@ prints each model's folder (and GGUF files), building what is missing. Nothing i
 values are written below, copied from each model's ``config.json``; the tokenizer is the embedded SmolLM2's (49,152
 tokens), and the embedding and output layer keep the published vocabulary, so the weights have their real shapes
 and bytes. The tokenizer's ids are the first 49,152 rows; ids past them decode to nothing (and to ``[PAD<id>]``
-tokens in the GGUF files, as llama.cpp's converter pads a vocabulary).
+tokens in the GGUF files, as llama.cpp's converter pads a vocabulary). The special tokens (beginning, end of
+sequence) are the tokenizer's, not the published ones, which lie past its vocabulary.
 
 **Random weights are meaningless for quality.** Every figure from these models is about time and memory, measured
 with ``ignore_eos`` and a pinned plan so that every method decodes the same tokens. Say so wherever they appear.
@@ -115,11 +116,16 @@ def published_config(name: str):
     return AutoConfig.for_model(values.pop("model_type"), **values)
 
 
-def random_model(name: str, seed: int = SEED, dtype: torch.dtype = torch.bfloat16):
-    """``name``'s published configuration with weights drawn from ``seed`` (transformers' own initialisation)."""
+def random_model(
+    name: str, seed: int = SEED, dtype: torch.dtype = torch.bfloat16, special_tokens: dict[str, int] | None = None
+):
+    """``name``'s published configuration with weights drawn from ``seed`` (transformers' own initialisation);
+    ``special_tokens`` (``bos_token_id``, ``eos_token_id``...) replace the published ids."""
     from transformers import AutoModelForCausalLM
 
     config = published_config(name)
+    for key, value in (special_tokens or {}).items():
+        setattr(config, key, value)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
@@ -133,10 +139,13 @@ def build(name: str, seed: int = SEED) -> Path:
     directory = model_dir(name, seed)
     if (directory / _COMPLETE).exists():
         return directory
-    model = random_model(name, seed)
-    model.save_pretrained(directory)
     gguf = embedded_model_file()
-    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The tokenizer's own ids: the published ones (128001 for Llama 3) lie past its 49,152 tokens, where a grammar
+    # over its vocabulary cannot name them.
+    special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    random_model(name, seed, special_tokens=special).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
     (directory / _COMPLETE).write_text(f"{name}, seed {seed}: random weights, published shapes\n")
     return directory
 

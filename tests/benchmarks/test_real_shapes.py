@@ -47,6 +47,8 @@ def test_a_model_is_built_once_with_the_embedded_tokenizer_and_loads_like_any_lo
     assert real_shapes.build("tiny") == directory and (directory / "model.safetensors").stat().st_mtime_ns == written
     model, tokenizer = load_model_uncached(str(directory), torch.bfloat16, "cpu")
     assert model.config.vocab_size == 50_000 and len(tokenizer) == 49_152  # the published rows, SmolLM2's tokens
+    assert (model.config.bos_token_id, model.config.eos_token_id) == (tokenizer.bos_token_id, tokenizer.eos_token_id)
+    assert model.config.eos_token_id < len(tokenizer)  # a grammar over the tokenizer's vocabulary can name it
     again = real_shapes.random_model("tiny")
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True))
     llama_cpp = tmp_path / "llama.cpp"
