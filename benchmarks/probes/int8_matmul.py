@@ -15,8 +15,9 @@ come from memory as in a decode step, not from a core's cache), the median ms of
 **Perplexity** (``--documents``): the mean per-token NLL of ``--tokens``-token pydoc_data.topics documents,
 teacher-forced in one forward pass, for the native model and for int8 weights computed by each path: the
 dequantized product (the weight widened, then ``F.linear``), the tile kernel (16 rows per call, as in decode), and
-int8 activations per row or per group of 32 input features (llama.cpp's Q8_0 block; emulated in float). The
-interval is over documents.
+int8 activations per row or per group of 32 input features (llama.cpp's Q8_0 block; emulated in float). Every int8
+path reads its input embedding from the output layer's int8 codes, as ``weights="int8"`` does; one more row, the
+tile kernel with the native (bf16) embedding put back, shows what that costs. The interval is over documents.
 
     python -m benchmarks.probes.int8_matmul --out benchmarks/results/issue42/int8_matmul.json
 
@@ -128,7 +129,8 @@ def perplexities(documents: int, tokens: int) -> dict:
             return [nn.functional.cross_entropy(model(doc).logits[0, :-1].float(), doc[0, 1:]).item() for doc in ids]
 
     per_path = {"native": nlls()}
-    quantize_weights(model, "int8")
+    native_embedding = model.get_input_embeddings()
+    quantize_weights(model, "int8")  # the input embedding too: it reads the tied output layer's int8 codes
     stored = Int8Linear._matmul
     paths = {"int8 weights, dequantized product": _dequantized, "int8 x int8 per row": _int8_activations(None)}
     paths["int8 x int8 per group of 32"] = _int8_activations(32)
@@ -138,6 +140,11 @@ def perplexities(documents: int, tokens: int) -> dict:
         for name, matmul in paths.items():
             Int8Linear._matmul = matmul
             per_path[name] = nlls()
+        if tiles_available():  # what the int8 embedding changes: the same weights with the native embedding back
+            int8_embedding = model.get_input_embeddings()
+            model.set_input_embeddings(native_embedding)
+            per_path["int8 weights, tile kernel, native embedding"] = nlls()
+            model.set_input_embeddings(int8_embedding)
     finally:
         Int8Linear._matmul = stored
     native = per_path["native"]

@@ -22,6 +22,8 @@ and machine) and the Markdown table beside it:
         --keep-in KEEP --out benchmarks/results/issue43/review_Llama-3.2-1B.json
 
 The GGUF files must exist (``python -m benchmarks.real_shapes --model M --llama-cpp SRC --gguf Q8_0 ...``).
+``--ours-only`` measures our rows alone, to set a later commit's beside a run's llama.cpp rows (whose side did not
+change).
 """
 
 from __future__ import annotations
@@ -196,15 +198,21 @@ def main() -> None:
     parser.add_argument("--gguf", action="append", choices=GGUF_TYPES, help="llama.cpp's files (default Q8_0, Q4_0)")
     parser.add_argument("--quantized-cache", action="store_true", help="one more row: the first file, q8_0 cache")
     parser.add_argument("--llama-server", type=Path, help="the llama-server binary; without it, no server row")
+    parser.add_argument("--ours-only", action="store_true", help="our rows only, to set beside a run's llama.cpp rows")
     parser.add_argument("--keep-in", type=Path, help="keep each side's result here, to resume a stopped run")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.context = args.context or [8192]
     args.weights = args.weights or ["auto"]
     args.gguf = args.gguf or ["Q8_0", "Q4_0"]
+    if args.ours_only and (args.quantized_cache or args.llama_server):
+        parser.error("--ours-only measures no llama.cpp row: drop --quantized-cache and --llama-server")
+    if args.ours_only:
+        args.gguf = []
     for fmt in args.gguf:
         gguf_path(args.model, fmt)  # every file there before anything is measured
-    import llama_cpp  # noqa: F401  (the [peers] extra: fail before anything is measured)
+    if args.gguf:
+        import llama_cpp  # noqa: F401  (the [peers] extra: fail before anything is measured)
 
     from benchmarks.studies.workflows import load_workflow
     from polykv_agents.bench.provenance import Provenance
@@ -221,7 +229,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for context in args.context:
         our_rows, side = ours_rows(args, context, texts, roles, progress)
-        rows += our_rows + llama_cpp_rows(args, context, side, threads, progress)
+        rows += our_rows + (llama_cpp_rows(args, context, side, threads, progress) if args.gguf else [])
         if args.llama_server is not None:
             rows.append(llama_server_row(args, context, side, threads, progress))
     from importlib.metadata import version
@@ -234,7 +242,7 @@ def main() -> None:
             "contexts": args.context, "documents": args.documents, "roles": AGENTS, "max_tokens": args.max_tokens,
             "weights": args.weights, "gguf": args.gguf, "quantized_cache": args.quantized_cache,
             "llama_server": args.llama_server is not None, "threads": threads,
-            "llama_cpp_python": version("llama-cpp-python"),
+            "llama_cpp_python": version("llama-cpp-python") if args.gguf else None,
         },
         "rows": rows,
     }  # fmt: skip

@@ -20,7 +20,7 @@ from polykv_agents.codecs.encoded import dtype_name
 from polykv_agents.model.compute_thread import run_on_compute_thread
 
 # Enough of the input embedding to tell two checkpoints of one architecture apart, cheaply.
-_WEIGHT_SAMPLE_ELEMENTS = 1 << 16
+WEIGHT_SAMPLE_ELEMENTS = 1 << 16
 
 DTYPE_FREE_FIELDS = ("dtype",)
 """Fields recorded for information only, not compared: the dtype of the model that built the pool."""
@@ -66,10 +66,19 @@ _MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _MEMO_LOCK = threading.Lock()
 
 
+def _embedding_weights(model: PreTrainedModel) -> torch.Tensor:
+    """The input embedding's weights, or the sample of them an int8 embedding kept
+    (:class:`~polykv_agents.model.quantized_embedding.Int8Embedding`): a model's fingerprint is the same whichever
+    way its weights are stored."""
+    embedding = model.get_input_embeddings()
+    sample = getattr(embedding, "fingerprint_sample", None)
+    return sample if sample is not None else embedding.weight
+
+
 def _state(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple:
     """What would change the fingerprint: the embedding tensor (its storage and in-place version
     counter), the dtype, the name and the vocabulary size."""
-    embedding = model.get_input_embeddings().weight
+    embedding = _embedding_weights(model)
     return (embedding.data_ptr(), embedding._version, model.dtype, model.config.name_or_path, len(tokenizer))
 
 
@@ -90,9 +99,9 @@ def _compute_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerB
     config = _text_config(model)
     num_heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
-    embedding = model.get_input_embeddings().weight.detach()
+    embedding = _embedding_weights(model).detach()
     # Rounded to bf16 first: an fp32 model and its bf16 copy then hash alike.
-    sample = embedding.flatten()[:_WEIGHT_SAMPLE_ELEMENTS].to("cpu", torch.bfloat16).to(torch.float32).contiguous()
+    sample = embedding.flatten()[:WEIGHT_SAMPLE_ELEMENTS].to("cpu", torch.bfloat16).to(torch.float32).contiguous()
     vocab = sorted(tokenizer.get_vocab().items())
     return ModelFingerprint(
         name=str(getattr(model.config, "name_or_path", "") or type(model).__name__),

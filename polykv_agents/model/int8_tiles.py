@@ -55,6 +55,14 @@ def unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     return packed.permute(0, 2, 4, 1, 3, 5).reshape(n_blocks * _N_BLOCK, k_blocks * _K_BLOCK)[:n, :k]
 
 
+def unpack_rows(packed: torch.Tensor, rows: torch.Tensor, k: int) -> torch.Tensor:
+    """The codes of the rows ``rows [T]`` (indices into ``N``) of :func:`pack`'s layout: ``[T, K]`` int8, reading only
+    those rows (an embedding lookup over a tied output layer's codes)."""
+    # Row n lives at [n / 64, every k block, (n % 64) / 16, every pair, n % 16, both of k % 2].
+    picked = packed[rows // _N_BLOCK, :, (rows % _N_BLOCK) // 16, :, rows % 16, :]  # [T, K_pad / 32, 16, 2]
+    return picked.reshape(rows.shape[0], packed.shape[1] * _K_BLOCK)[:, :k]
+
+
 def tile_matmul(rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """``rows [M, K]`` bf16 times the weights ``packed`` codes x ``scales [N]`` (float32): ``[M, N]`` bf16.
 

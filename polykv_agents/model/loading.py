@@ -112,11 +112,13 @@ def _load(
 
 
 def _own_copies(model: PreTrainedModel) -> None:
-    """Copy the tensors a quantized model still reads (its embedding, norms) out of the checkpoint file they may map.
+    """Copy the tensors a quantized model still reads (its norms, an embedding that stays native) out of the
+    checkpoint file they may map.
 
     A checkpoint read in its own dtype maps the file's pages into the weights (no copy). Once the linear layers are
-    quantized, their native weights are gone but their pages stay resident for as long as any tensor maps the file:
-    257 MiB of the embedded model's bf16 file for a 54 MiB embedding (``benchmarks/probes/rss_census.py``)."""
+    quantized, their native weights are gone but the mapping lives for as long as any tensor maps the file, and
+    every page read while it lived stays resident (quantizing drops each layer's pages as it goes:
+    :mod:`~polykv_agents.model.mapped_pages`)."""
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:  # tied parameters: one object, copied once
             tensor.data = tensor.data.clone()

@@ -79,6 +79,23 @@ QUANTIZE_ROWS = 4096
 output head, 49,152 x 576, passed through three of 108 MiB at once, the load's peak RSS)."""
 
 
+def quantize_rows_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 codes for ``weight [N, K]``, one scale per row: ``(codes [N, K] int8, scales [N])``, the scales
+    in ``weight``'s dtype; :data:`QUANTIZE_ROWS` rows at a time."""
+    codes = torch.empty(weight.shape, dtype=torch.int8)
+    scales = torch.empty(weight.shape[0], dtype=weight.dtype)
+    for start in range(0, weight.shape[0], QUANTIZE_ROWS):
+        rows = slice(start, start + QUANTIZE_ROWS)
+        full = weight[rows].float()
+        # The smallest normal number of the stored dtype: an all-zero row (pruned, padding) needs a scale that
+        # survives the cast, or its codes would be 0 / 0.
+        row_scales = (full.abs().amax(dim=1) / 127).clamp_min(torch.finfo(weight.dtype).tiny)
+        row_scales = row_scales.to(weight.dtype).float()  # the codes are chosen against the scale that is stored
+        codes[rows] = torch.round(full / row_scales[:, None]).clamp(-127, 127)  # whole numbers: cast exactly
+        scales[rows] = row_scales
+    return codes, scales
+
+
 class Int8Linear(_QuantizedLinear):
     """A linear layer with symmetric int8 weights, one scale per output channel.
 
@@ -90,17 +107,7 @@ class Int8Linear(_QuantizedLinear):
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__(linear)
         weight = linear.weight.detach()
-        codes = torch.empty(weight.shape, dtype=torch.int8)
-        scales = torch.empty(weight.shape[0], dtype=weight.dtype)
-        for start in range(0, weight.shape[0], QUANTIZE_ROWS):
-            rows = slice(start, start + QUANTIZE_ROWS)
-            full = weight[rows].float()
-            # The smallest normal number of the stored dtype: an all-zero row (pruned, padding) needs a scale that
-            # survives the cast, or its codes would be 0 / 0.
-            row_scales = (full.abs().amax(dim=1) / 127).clamp_min(torch.finfo(weight.dtype).tiny)
-            row_scales = row_scales.to(weight.dtype).float()  # the codes are chosen against the scale that is stored
-            codes[rows] = torch.round(full / row_scales[:, None]).clamp(-127, 127)  # whole numbers: cast exactly
-            scales[rows] = row_scales
+        codes, scales = quantize_rows_int8(weight)
         self.tiled = weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and tiles_available()
         self.register_buffer("qweight", pack(codes) if self.tiled else codes)
         self.register_buffer("scales", scales.float() if self.tiled else scales)

@@ -9,10 +9,12 @@ embedded model's is Q8_0): a first run of ``python -m benchmarks weights`` with 
 +5.7% perplexity against the native model, ten times what the committed run measures with it in int8, and
 reading it in int8 takes no longer at one row.
 
-The input embedding is left as it is, and with it the model's fingerprint: a pool does not depend on how
-the weights are stored, so one pool serves a model in every ``weights`` setting (``python -m benchmarks
-weights`` measures the perplexity of each model with a pool built by the native model and with one it
-built itself).
+A plain input embedding reads int8 codes too, the tied output layer's where the two are tied
+(:class:`~polykv_agents.model.quantized_embedding.Int8Embedding`), so no bf16 copy of the vocabulary stays beside
+them. The model's fingerprint stays the native model's (the embedding keeps the sample the fingerprint reads): a
+pool does not depend on how the weights are stored, so one pool serves a model in every ``weights`` setting
+(``python -m benchmarks weights`` measures the perplexity of each model with a pool built by the native model and
+with one it built itself).
 
 The kernels are CPU kernels, so ``int8`` and ``int4`` are for models on the CPU; elsewhere use ``native``.
 """
@@ -29,6 +31,8 @@ from transformers import PreTrainedModel
 
 from polykv_agents.model.heap import release_free_heap
 from polykv_agents.model.int8_tiles import tiles_available
+from polykv_agents.model.mapped_pages import file_mappings, release_mapped_pages
+from polykv_agents.model.quantized_embedding import Int8Embedding
 from polykv_agents.model.quantized_linear import Int4Linear, Int8Linear, int4_supported
 
 logger = logging.getLogger(__name__)
@@ -96,7 +100,9 @@ def weights_of(model: PreTrainedModel) -> Weights:
 
 
 def quantize_weights(model: PreTrainedModel, weights: Weights) -> int:
-    """Store ``model``'s linear layers as ``weights`` (in place); returns how many layers were swapped.
+    """Store ``model``'s linear layers as ``weights`` (in place); returns how many layers were swapped. The output
+    layer is int8 in every quantized setting, and a plain ``nn.Embedding`` input embedding reads int8 codes: the
+    tied output layer's, or its own (:class:`~polykv_agents.model.quantized_embedding.Int8Embedding`).
 
     Layers the int4 kernel cannot take (shapes, see :func:`~polykv_agents.model.quantized_linear.int4_supported`)
     and layers that are not ``nn.Linear`` (GPT-2's ``Conv1D``) stay native; a warning counts them.
@@ -116,26 +122,45 @@ def quantize_weights(model: PreTrainedModel, weights: Weights) -> int:
         msg = f"weights={weights!r} runs on CPU kernels and this model is on {model.device}; use weights='native'"
         raise ValueError(msg)
     output = model.get_output_embeddings()
+    embedding = model.get_input_embeddings()
+    tied = output is not None and embedding is not None and embedding.weight is output.weight
     swapped, kept = 0, 0
+    mappings = file_mappings()  # read once: the checkpoint's mappings do not change while layers are swapped
     with torch.no_grad():
         for parent in list(model.modules()):
             for name, child in list(parent.named_children()):
                 if type(child) is not nn.Linear:
                     kept += _is_weight_layer(child)
-                elif weights == "int8" or child is output:
+                    continue
+                if weights == "int8" or child is output:
                     setattr(parent, name, Int8Linear(child))
-                    swapped += 1
-                    release_free_heap()
                 elif int4_supported(child):
                     setattr(parent, name, Int4Linear(child))
-                    swapped += 1
                 else:
                     kept += 1
+                    continue
+                swapped += 1
+                _release_unless_held(model, child.weight, mappings)  # a tied weight (the embedding's) is still read
+                release_free_heap()
+        if type(embedding) is nn.Embedding:  # a subclass may compute more than a lookup (Gemma scales its rows)
+            head = model.get_output_embeddings()
+            shared = head if tied and isinstance(head, Int8Linear) else None
+            model.set_input_embeddings(Int8Embedding(embedding, shared))
+            _release_unless_held(model, embedding.weight, mappings)
+            release_free_heap()
     setattr(model, _ATTRIBUTE, weights)
     if kept:
         name = type(model).__name__
         logger.warning("%d weight layer(s) of %s stay native: the %s kernel cannot take them", kept, name, weights)
     return swapped
+
+
+def _release_unless_held(model: PreTrainedModel, weight: torch.Tensor, mappings: list[tuple[int, int]]) -> None:
+    """Give back the checkpoint pages of a replaced ``weight`` (:func:`release_mapped_pages`) unless a tensor of
+    ``model`` still starts at its address (a tied or shared weight, still read)."""
+    address = weight.data_ptr()
+    if all(t.data_ptr() != address for t in [*model.parameters(), *model.buffers()]):
+        release_mapped_pages(weight, mappings)
 
 
 def _is_weight_layer(module: nn.Module) -> int:

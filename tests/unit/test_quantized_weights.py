@@ -8,12 +8,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from tiny_models import assert_pairwise_distinct, tiny_causal_lm, tiny_sensitive_llama
+from tiny_models import assert_pairwise_distinct, tiny_causal_lm, tiny_gemma3, tiny_llama, tiny_sensitive_llama
 from torch import nn
 
 from polykv_agents import ChatPolyKV, Engine, PooledAgent, SharedKVPool
 from polykv_agents.model import weights as weights_module
-from polykv_agents.model.fingerprint import model_fingerprint
+from polykv_agents.model.fingerprint import WEIGHT_SAMPLE_ELEMENTS, model_fingerprint
+from polykv_agents.model.quantized_embedding import Int8Embedding
 from polykv_agents.model.quantized_linear import INT4_GROUP_SIZE, KERNEL_MAX_ROWS, Int4Linear, Int8Linear
 from polykv_agents.model.weights import WEIGHTS_ENV_VAR, quantize_weights, resolve_weights, weights_of
 from polykv_agents.sampling.settings import GenerationSettings
@@ -127,6 +128,67 @@ def test_a_model_is_swapped_in_place_and_keeps_its_fingerprint(tiny_tok):
         quantize_weights(model, "int4")
     with pytest.raises(ValueError, match="weights must be one of 'native', 'int8', 'int4', got 'fp4'"):
         quantize_weights(tiny_sensitive_llama(), "fp4")
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bf16: the tile layout where AMX runs
+def test_a_tied_embedding_reads_the_output_layer_s_codes(weights, dtype):
+    """No bf16 vocabulary beside the int8 output layer: the lookup reads the layer's own buffers, and each row is
+    the layer's row, within half a code of the weight it replaced (and the rounding to ``dtype``)."""
+    model = tiny_sensitive_llama().to(dtype)
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    original = model.get_input_embeddings().weight.detach().clone()
+    quantize_weights(model, weights)
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    assert isinstance(embedding, Int8Embedding) and embedding.tied
+    assert embedding.qweight is head.qweight and embedding.scales is head.scales
+    ids = torch.tensor([[5, 0, 319, 5], [7, 8, 9, 10]])
+    rows = embedding(ids)  # [2, 4, H]
+    expected = head.codes()[ids].float() * head.scales[ids, None].float()
+    assert rows.shape == (2, 4, original.shape[1]) and rows.dtype == original.dtype
+    assert torch.equal(rows, expected.to(original.dtype))
+    half_code = original.float().abs().amax(dim=1) / 254  # [V]
+    rounding = original[ids].float().abs() * torch.finfo(dtype).eps  # the row is rounded to dtype once
+    assert ((rows.float() - original[ids].float()).abs() <= half_code[ids, None] * 1.001 + rounding).all()
+
+
+def test_an_untied_embedding_gets_codes_of_its_own():
+    model = tiny_sensitive_llama()  # untied
+    original = model.get_input_embeddings().weight.detach().clone()
+    quantize_weights(model, "int8")
+    embedding = model.get_input_embeddings()
+    assert isinstance(embedding, Int8Embedding) and not embedding.tied
+    assert embedding.qweight.shape == original.shape and embedding.qweight.dtype == torch.int8
+    ids = torch.arange(original.shape[0])
+    half_code = original.abs().amax(dim=1, keepdim=True) / 254
+    assert ((embedding(ids) - original).abs() <= half_code * 1.001).all()
+    assert not torch.equal(embedding(ids), original)  # int8 rows, not the bf16 ones kept
+    assert embedding(torch.tensor([], dtype=torch.long)).shape == (0, original.shape[1])
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_an_int8_embedding_keeps_the_native_model_s_fingerprint(tiny_tok, tied):
+    """The fingerprint samples more elements than the tiny models' embeddings hold: a larger one here, so a sample
+    kept too short would show."""
+    torch.manual_seed(0)
+    model = tiny_llama(vocab_size=320, head_dim=64)  # 320 x 256 embedding: 81,920 elements
+    assert model.get_input_embeddings().weight.numel() > WEIGHT_SAMPLE_ELEMENTS
+    if tied:
+        model.config.tie_word_embeddings = True
+        model.tie_weights()
+    native = model_fingerprint(model, tiny_tok)
+    quantize_weights(model, "int8")
+    assert isinstance(model.get_input_embeddings(), Int8Embedding)
+    assert model_fingerprint(model, tiny_tok) == native
+
+
+def test_an_embedding_that_computes_more_than_a_lookup_is_left_alone():
+    """Gemma scales its rows inside the embedding: replacing that module would drop the scaling."""
+    model = tiny_gemma3()
+    kind = type(model.get_input_embeddings())
+    quantize_weights(model, "int8")
+    assert type(model.get_input_embeddings()) is kind and kind is not nn.Embedding
 
 
 def test_int4_keeps_the_output_layer_in_int8():

@@ -9,7 +9,7 @@ from native_kernels import require_native_kernel
 from torch import nn
 
 from polykv_agents.model import int8_tiles
-from polykv_agents.model.int8_tiles import TILE_MAX_ROWS, pack, tile_matmul, tiles_available, unpack
+from polykv_agents.model.int8_tiles import TILE_MAX_ROWS, pack, tile_matmul, tiles_available, unpack, unpack_rows
 from polykv_agents.model.quantized_linear import Int8Linear
 
 SHAPES = [(64, 32), (70, 100), (576, 576), (192, 1536)]
@@ -35,6 +35,14 @@ def test_packing_is_undone_exactly_and_pads_with_zeros(shape):
     assert torch.equal(unpack(packed, *shape), codes)
     assert packed.numel() == -(-shape[0] // 64) * 64 * -(-shape[1] // 32) * 32
     assert packed.abs().sum() == codes.abs().sum()  # the padding holds nothing
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_chosen_rows_are_read_from_the_layout_as_unpacking_gives_them(shape):
+    """An embedding lookup over a tied output layer's codes: any rows, repeated, in any order."""
+    codes, _ = _codes_and_scales(*shape)
+    rows = torch.tensor([shape[0] - 1, 0, 17 % shape[0], shape[0] // 2, 0, 63 % shape[0]])
+    assert torch.equal(unpack_rows(pack(codes), rows, shape[1]), codes[rows])
 
 
 @pytest.mark.parametrize("shape", SHAPES)
