@@ -3,8 +3,9 @@
 transformers reads a safetensors checkpoint in its own dtype by mapping the file: each weight is a view of the file's
 pages (a private mapping, no copy). Quantizing the linear layers reads every one of those pages, and a page once read
 stays in this process's RSS for as long as the mapping lives, which is until the last weight of the file is
-gone. So quantizing a model peaks at the whole file *plus* its quantized copy: 4.5 GiB for Llama-3.2-1B's 2.5 GB
-bf16 file with int8 weights (``benchmarks/probes/real_shapes_review.py``, before this module).
+gone. So quantizing a model peaked at the whole file *plus* its quantized copy: 4,523 MiB at the load of
+Llama-3.2-1B's 2.5 GB bf16 file with int8 weights before this module, 2,486 MiB with it
+(``benchmarks/probes/load_memory.py``; ``benchmarks/results/issue43``).
 
 :func:`release_mapped_pages` asks the kernel to reclaim the pages of a replaced weight (``madvise(MADV_PAGEOUT)``,
 Linux 5.4 and later). Nothing can be lost: a clean page of the file leaves the resident set (it is still in the file,

@@ -28,7 +28,8 @@ from polykv_agents.model.quantized_linear import Int8Linear, quantize_rows_int8
 
 
 class Int8Embedding(nn.Module):
-    """``ids [...]`` -> ``[..., embedding_dim]`` rows of int8 codes times their row's scale, in ``dtype``.
+    """``ids [...]`` -> ``[..., embedding_dim]`` rows of int8 codes times their row's scale, in the replaced
+    weight's dtype.
 
     Buffers: ``qweight`` and ``scales``, the tied output layer's own tensors (its tile layout where it is tiled) or
     codes ``[V, H]`` and scales ``[V]`` of its own; ``fingerprint_sample``, the first
