@@ -39,11 +39,15 @@ def test_steps_over_several_pools_are_taken_apart_per_attention_path(result):
     assert result.run_info.native_kernels is True  # the switch was restored before the record
 
 
-def test_the_kernel_takes_each_pools_attention_operators_out_of_a_shared_step(result):
+def test_the_kernel_takes_each_pools_attention_operators_out_of_a_shared_step(result, tiny_model_dir):
+    from transformers import AutoConfig
+
     calls = {(r["pools"], r["path"]): r["operator_calls_per_step"] for r in result.rows if r["step"] == "shared"}
-    # Three pools: the PyTorch path runs a prefix part, a suffix part and a merge per pool and layer; the kernel
-    # one call per layer for all of them.
-    assert calls[(3, "pytorch")] > calls[(3, "native")] * 1.3
+    # Three pools: the PyTorch path runs a prefix part, a suffix part and a merge per pool and layer, each several
+    # operators; the kernel one call per layer for all of them. Counted as a difference, not a ratio: the step's
+    # other operators (the int8 embedding's lookup, the sampling) are the same on both paths.
+    layers = AutoConfig.from_pretrained(tiny_model_dir).num_hidden_layers
+    assert calls[(3, "pytorch")] - calls[(3, "native")] >= 3 * 3 * layers
 
 
 def test_the_docs_show_the_step_over_the_most_pools_per_path(result):
