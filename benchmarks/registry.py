@@ -26,6 +26,7 @@ from benchmarks.studies import (
     serve_peers,
     serve_time,
     shared_step_profile,
+    sizes,
     step_profile,
     weights,
 )
@@ -35,7 +36,7 @@ from polykv_agents.bench.suite import Suite
 
 _MODULES = (
     memory, quality, tasks, speed, dtypes, weights, compiled, step_profile, shared_step_profile, admission, reuse,
-    blocks, ablation, frontier, peer, agents, graph_e2e, peers, serve, serve_peers, serve_time, load_soak,
+    blocks, ablation, frontier, peer, agents, graph_e2e, peers, sizes, serve, serve_peers, serve_time, load_soak,
     grammar_overhead, ray_scale_out,
 )  # fmt: skip
 SUITES: dict[str, Suite] = {module.SUITE.name: module.SUITE for module in _MODULES}

@@ -43,10 +43,19 @@ def render_suites(results_dir: Path, root: Path | None = None) -> dict[str, Rend
     marked where the code it measured changed since (with ``root``, the repository to compare against)."""
     rendered = {name: suite.render(results_dir) for name, suite in SUITES.items()}
     return {
-        name: r if root is None else mark_stale(r, stale_note(root, name, r.provenance))
+        name: r if root is None else mark_stale(r, suite_stale_note(root, name, r))
         for name, r in rendered.items()
         if r is not None
     }
+
+
+def suite_stale_note(root: Path, name: str, rendered: Rendered) -> str | None:
+    """The suite's stale mark: its runs against its sources, then each part's runs against the part's."""
+    notes = [stale_note(root, name, rendered.provenance)]
+    for part, runs in rendered.parts.items():
+        note = stale_note(root, f"{name}.{part}", runs) if runs else None
+        notes.append(None if note is None else f"{note.rstrip('.')} (its {part} rows).")
+    return " ".join(note for note in notes if note) or None
 
 
 def mark_stale(rendered: Rendered, note: str | None) -> Rendered:

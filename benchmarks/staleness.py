@@ -83,6 +83,17 @@ SUITE_SOURCES: dict[str, tuple[str, ...]] = {
     "load_soak": (*_GRAPH, "benchmarks/studies/load*.py", "benchmarks/studies/soak.py"),
     "grammar_overhead": (*_GRAPH, "benchmarks/studies/grammar_overhead.py"),
     "ray_scale_out": (*_GRAPH, "polykv_agents/distributed/**", "benchmarks/studies/ray_scale_out.py"),
+    "sizes": (
+        *_GRAPH,
+        "benchmarks/studies/sizes.py",
+        "benchmarks/studies/ours_side.py",
+        "benchmarks/studies/graph_e2e.py",
+        "benchmarks/studies/side_process.py",
+        "benchmarks/real_shapes.py",
+    ),
+    # Rows borrowed from an earlier run (--peers-from): llama.cpp's processes replaying recorded calls, on files
+    # made from the same model folder. Our package is not among them: it changes what is replayed, not the work.
+    "sizes.peers": ("benchmarks/studies/llama*.py", "benchmarks/studies/side_process.py", "benchmarks/real_shapes.py"),
 }
 """Suite name -> the files whose code its figures depend on, as :mod:`fnmatch` patterns over paths from the
 repository root (``*`` crosses folders) (a documented registry: filled here, never changed at run time)."""

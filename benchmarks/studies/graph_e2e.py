@@ -162,11 +162,15 @@ class RecordingReprefillEngine(RecordingEngine, ReprefillEngine):
 
 
 def graphs_under_test(
-    workflow: ModuleType, max_tokens: int, weights: Weights = "native", compile_decode: bool = False
+    workflow: ModuleType,
+    max_tokens: int,
+    weights: Weights = "native",
+    compile_decode: bool = False,
+    model: str | None = None,
 ) -> dict[str, tuple[Any, RecordingEngine]]:
-    """Method -> (compiled graph, its recording engine): the same chat settings (``weights`` among them) and
-    engine settings (``compile_decode``) for both; the baseline's engine prefills each call with the chunked
-    prefill (:class:`~benchmarks.studies.baselines.ReprefillEngine`)."""
+    """Method -> (compiled graph, its recording engine): the same chat settings (``model``, default the embedded
+    one, and ``weights`` among them) and engine settings (``compile_decode``) for both; the baseline's engine
+    prefills each call with the chunked prefill (:class:`~benchmarks.studies.baselines.ReprefillEngine`)."""
     from polykv_agents.chat.chat_model import ChatPolyKV
 
     built = {}
@@ -176,7 +180,8 @@ def graphs_under_test(
     )
     for method, prefetch, engine_type in methods:
         engine = engine_type(compile_decode=compile_decode)
-        chat = ChatPolyKV(max_tokens=max_tokens, ignore_eos=True, engine=engine, weights=weights)
+        chosen = {} if model is None else {"model": model}
+        chat = ChatPolyKV(**chosen, max_tokens=max_tokens, ignore_eos=True, engine=engine, weights=weights)
         built[method] = (workflow.build_graph(prefetch=prefetch(chat, engine=engine, plan=equal_plan)), engine)
     return built
 

@@ -7,9 +7,12 @@ RSS (``VmHWM``, the same measure as llama.cpp's side) is one model's and one set
 For each document it runs the 15-role review graph once (its calls recorded token for token, for llama.cpp
 to replay) and the probe (TTFT, decode and prefill speed, KV bytes) over the same document.
 
-Request: ``{"weights", "compiled", "graphs", "max_tokens", "roles", "context", "texts": [str]}``; document
-``i`` is the first ``context`` tokens of ``texts[i]``. Result: ``{"reviews", "replays", "probes",
-"probe_ids", "warm_up_s", "rss_after_load_bytes", "rss_peak_bytes"}``, one entry per document in each list.
+Request: ``{"weights", "compiled", "graphs", "max_tokens", "roles", "context", "texts": [str]}`` and optionally
+``"model"`` (a local model folder, such as :mod:`benchmarks.real_shapes` makes; default: the embedded model);
+document ``i`` is the first ``context`` tokens of ``texts[i]``. Result: ``{"reviews", "replays", "probes",
+"probe_ids", "load_s", "warm_up_s", "rss_after_load_bytes", "rss_peak_bytes", "rss_stage_peak_bytes", "weights"}``,
+one entry per document in each list; ``rss_stage_peak_bytes`` is each stage's own peak (the load, the warm-up, the
+reviews, the probes: :class:`StagePeaks`), so a review's memory is told from the probe's extra caches.
 """
 
 from __future__ import annotations
@@ -105,6 +108,19 @@ def probe(model, tokenizer, document: str, decode_tokens: int, compiled: bool) -
     return figures, ids
 
 
+class StagePeaks:
+    """Each stage's own peak RSS: the kernel's high-water mark (``VmHWM``) read at the stage's end, then reset to
+    the RSS of the moment (``/proc/self/clear_refs``), so the next stage's peak is its own. The process's peak is
+    the largest of them. A stage run several times (a review per document) keeps its largest."""
+
+    def __init__(self) -> None:
+        self.peaks: dict[str, int] = {}
+
+    def end(self, stage: str) -> None:
+        self.peaks[stage] = max(self.peaks.get(stage, 0), peak_rss_bytes())
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+
+
 def measure(request: dict[str, Any]) -> dict[str, Any]:
     """Load, warm up, then the review and the probe over each document."""
     from benchmarks.studies.graph_e2e import _document, graphs_under_test, run_graph
@@ -113,20 +129,27 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
 
     workflow = load_workflow("document_review", Path(request["graphs"]))
     weights, compiled = request["weights"], request["compiled"]
-    graph, engine = graphs_under_test(workflow, request["max_tokens"], weights, compiled)["pooled"]
-    model, tokenizer = engine.load_model(None, weights=weights)
+    name = request.get("model")
+    graph, engine = graphs_under_test(workflow, request["max_tokens"], weights, compiled, model=name)["pooled"]
+    started = time.perf_counter()
+    model, tokenizer = engine.load_model(name, weights=weights)
+    load_s = time.perf_counter() - started
     rss_after_load = rss_bytes()
+    peaks = StagePeaks()
+    peaks.end("load")  # imports and the model's load
     roles = request["roles"]
     started = time.perf_counter()
     # With the compiled step, the prefetch node compiles every batch bucket here (cold or from Inductor's cache).
     run_graph(graph, engine, _document(tokenizer, request["texts"][0], 256, run=-1), roles[:3])
     warm_up_s = time.perf_counter() - started
+    peaks.end("warm_up")
     result: dict[str, Any] = {"reviews": [], "replays": [], "probes": [], "probe_ids": []}
     for index, text in enumerate(request["texts"]):
         document = _document(tokenizer, text, request["context"], index)
         run, calls = run_graph(graph, engine, document, roles)
         if compiled:  # now, while the review's scheduler is live (an idle one retires during the probe)
             engine.schedulers.require_compiled()
+        peaks.end("reviews")
         result["reviews"].append(
             {"wall_s": run.wall_s, "stage_s": run.stage_s, "calls": len(calls),
              "output_tokens": sum(c.output_tokens for c in calls)}
@@ -135,11 +158,13 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
             [{"node": c.node, "input_ids": c.input_ids, "output_tokens": c.output_tokens} for c in calls]
         )
         figures, ids = probe(model, tokenizer, document, request["max_tokens"], compiled)
+        peaks.end("probes")
         result["probes"].append(figures)
         result["probe_ids"].append(ids)
     engine.close()
-    result.update(warm_up_s=warm_up_s, rss_after_load_bytes=rss_after_load, rss_peak_bytes=peak_rss_bytes(),
-                  weights=weights_of(model))  # what ``auto`` resolved to here  # fmt: skip
+    result.update(load_s=load_s, warm_up_s=warm_up_s, rss_after_load_bytes=rss_after_load,
+                  rss_peak_bytes=max(peaks.peaks.values()), rss_stage_peak_bytes=peaks.peaks,
+                  weights=weights_of(model))  # ``auto`` resolved here  # fmt: skip
     return result
 
 

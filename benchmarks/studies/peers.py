@@ -201,13 +201,34 @@ def _llamacpp_side(options: PeersOptions, request: dict[str, Any], method: str) 
     return run_side_kept(LLAMACPP_SIDE, request, keep_in=options.keep_in, what=what, timeout_s=SIDE_TIMEOUT_S)
 
 
+def replay_context(replays: list[list[dict]], max_tokens: int) -> int:
+    """The context llama.cpp needs to replay ``replays`` over one sequence: the longest call, its answer, a margin."""
+    return max(len(c["input_ids"]) for replay in replays for c in replay) + max_tokens + 64
+
+
+def replay_probes(probe_ids: list[dict]) -> list[dict]:
+    """What llama.cpp's side reads of our probe's token ids, per document."""
+    keys = ("document_ids", "prompt_ids", "other_prompt_ids", "decode_tokens")
+    return [{k: ids[k] for k in keys} for ids in probe_ids]
+
+
+def llama_cpp_row(context: int, method: str, result: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """A llama.cpp side process's row: its review and probe figures, the KV it held (the sequence state's bytes),
+    its memory."""
+    samples = {**review_samples(result["reviews"]), **probe_samples(result["probes"])}
+    if result["probes"]:
+        samples["kv_bytes"] = samples["kv_bytes_resident"] = [p["state_bytes"] for p in result["probes"]]
+    return engine_row(
+        context, method, samples, **_review_extra(result["reviews"]), rss_peak_bytes=result["rss_peak_bytes"],
+        rss_after_load_bytes=result.get("rss_after_load_bytes"), **extra,
+    )  # fmt: skip
+
+
 def _llama_cpp(options: PeersOptions, context: int, replays: list, probe_ids: list, progress: Progress) -> list:
     """llama.cpp's rows at ``context``: each file format and flash setting in a fresh process."""
     from polykv_agents.model.loading import embedded_model_file
 
-    n_ctx = max(len(c["input_ids"]) for replay in replays for c in replay) + options.max_tokens + 64
-    keys = ("document_ids", "prompt_ids", "other_prompt_ids", "decode_tokens")
-    probes = [{k: ids[k] for k in keys} for ids in probe_ids]
+    n_ctx = replay_context(replays, options.max_tokens)
     runs = [("Q4_1", embedded_model_file(), False, None), ("Q4_1", embedded_model_file(), True, None)]
     runs.append(("Q4_1", embedded_model_file(), True, QUANTIZED_CACHE))  # flash attention: quantized values need it
     if options.gguf_f16 is not None:
@@ -218,16 +239,11 @@ def _llama_cpp(options: PeersOptions, context: int, replays: list, probe_ids: li
         progress(f"context {context}: {method}")
         request = {
             "model_path": str(path), "n_ctx": n_ctx, "threads": _threads(), "flash_attn": flash,
-            "cache_types": cache_types, "reset_every_call": False, "reviews": replays, "probes": probes,
+            "cache_types": cache_types, "reset_every_call": False, "reviews": replays,
+            "probes": replay_probes(probe_ids),
         }  # fmt: skip
         result = _llamacpp_side(options, request, method)
-        samples = {**review_samples(result["reviews"]), **probe_samples(result["probes"])}
-        samples["kv_bytes"] = samples["kv_bytes_resident"] = [p["state_bytes"] for p in result["probes"]]
-        rows.append(
-            engine_row(context, method, samples, **_review_extra(result["reviews"]),
-                       rss_peak_bytes=result["rss_peak_bytes"], rss_after_load_bytes=result["rss_after_load_bytes"],
-                       gguf_format=fmt, cache_types=cache_types or ["f16", "f16"])
-        )  # fmt: skip
+        rows.append(llama_cpp_row(context, method, result, gguf_format=fmt, cache_types=cache_types or ["f16", "f16"]))
     if options.reset_baseline and context == min(options.contexts):
         method = "llama.cpp (Q4_1), reset before every call"
         progress(f"context {context}: {method}, first document")
@@ -236,10 +252,7 @@ def _llama_cpp(options: PeersOptions, context: int, replays: list, probe_ids: li
             "reset_every_call": True, "reviews": replays[:1], "probes": [],
         }  # fmt: skip
         result = _llamacpp_side(options, request, method)
-        rows.append(
-            engine_row(context, method, review_samples(result["reviews"]), **_review_extra(result["reviews"]),
-                       rss_peak_bytes=result["rss_peak_bytes"], gguf_format="Q4_1")
-        )  # fmt: skip
+        rows.append(llama_cpp_row(context, method, result, gguf_format="Q4_1"))
     return rows
 
 
@@ -250,9 +263,12 @@ and their 15-agent decode, even with the document put into every slot first, re-
 and took 499 s for 15 x 32 tokens at 4,096 tokens (the server's log in the run at fcca843)."""
 
 
-def _llama_server(options: PeersOptions, context: int, replays: list, probe_ids: list, progress: Progress) -> list:
-    """llama-server's row at ``context``: one slot (:data:`SERVER_SLOTS`), the review and the many-agent decode, the
-    slot holding the document before the decode is timed."""
+def llama_server_row(
+    binary: Path, gguf: Path, fmt: str, context: int, replays: list, probe_ids: list, max_tokens: int,
+    progress: Progress,
+) -> dict[str, Any]:  # fmt: skip
+    """llama-server's row at ``context`` on the file ``gguf`` (of format ``fmt``): one slot (:data:`SERVER_SLOTS`),
+    the review, then the many-agent decode, the slot holding the document before the decode is timed."""
     from benchmarks.studies.llama_server import (
         LlamaServer,
         aggregate_decode,
@@ -260,29 +276,25 @@ def _llama_server(options: PeersOptions, context: int, replays: list, probe_ids:
         server_peak_rss_bytes,
         warm_slots,
     )
-    from polykv_agents.model.loading import embedded_model_file
 
-    n_ctx = max(len(c["input_ids"]) for replay in replays for c in replay) + options.max_tokens + 64
-    method = "llama-server (Q4_1), 1 slot, prompt cache"
+    method = f"llama-server ({fmt}), 1 slot, prompt cache"
     progress(f"context {context}: {method}")
-    with LlamaServer(options.llama_server, embedded_model_file(), slots=SERVER_SLOTS, ctx_per_slot=n_ctx,
+    with LlamaServer(binary, gguf, slots=SERVER_SLOTS, ctx_per_slot=replay_context(replays, max_tokens),
                      threads=_threads(), flash_attn=True) as server:  # fmt: skip
         server.complete(replays[0][0]["input_ids"][:64], 2)  # warm-up
         reviews = [replay_review(server, replay) for replay in replays]
         aggregates = []
         for ids in probe_ids:
             warm_slots(server, ids["document_ids"], SERVER_SLOTS)
-            aggregates.append(aggregate_decode(server, ids["agent_prompts"], options.max_tokens))
+            aggregates.append(aggregate_decode(server, ids["agent_prompts"], max_tokens))
         rss_peak = server_peak_rss_bytes(server)
     samples = {**review_samples(reviews), "decode_tok_s_15": [a["decode_tok_s_15"] for a in aggregates]}
     first = reviews[0]
-    row = engine_row(
+    return engine_row(
         context, method, samples, **_review_extra(reviews), prompt_tokens_evaluated=first["prompt_tokens_evaluated"],
-        prompt_tokens=first["prompt_tokens"], rss_peak_bytes=rss_peak, slots_warmed=True,
-        gguf_format="Q4_1",
+        prompt_tokens=first["prompt_tokens"], rss_peak_bytes=rss_peak, slots_warmed=True, gguf_format=fmt,
         aggregate_prompt_tokens_evaluated=[a["aggregate_prompt_tokens_evaluated"] for a in aggregates],
     )  # fmt: skip
-    return [row]
 
 
 def _threads() -> int:
@@ -306,7 +318,9 @@ def run_peers(options: PeersOptions, progress: Progress = lambda _: None) -> Sui
         ours, replays, probe_ids = _ours(options, context, texts, roles, progress)
         rows += ours + _llama_cpp(options, context, replays, probe_ids, progress)
         if options.llama_server is not None:
-            rows += _llama_server(options, context, replays, probe_ids, progress)
+            server = llama_server_row(options.llama_server, embedded_model_file(), "Q4_1", context, replays,
+                                      probe_ids, options.max_tokens, progress)  # fmt: skip
+            rows.append(server)
     from polykv_agents.bench.suite import load_model_for
 
     model, tokenizer = load_model_for(None)  # after every timed process: the compression rows and RunInfo

@@ -19,7 +19,7 @@ import importlib
 import json
 import re
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -53,6 +53,9 @@ class Rendered:
     """Markdown for each ``<!-- BEGIN generated: NAME -->`` section of the other docs, by NAME."""
     provenance: Sequence[Provenance] = ()
     """Which code produced each run rendered (the renderer marks the section stale when that code changed)."""
+    parts: Mapping[str, Sequence[Provenance]] = field(default_factory=dict)
+    """Runs behind some rows only, by part (``{"peers": [...]}``: rows borrowed from an earlier run), each checked
+    against that part's own sources (``"<suite>.<part>"`` in the repository's staleness registry)."""
 
 
 def provenance_in(result: BaseModel) -> list[Provenance]:

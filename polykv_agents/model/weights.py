@@ -60,10 +60,11 @@ def check_weights(weights: object) -> Weights:
     return weights  # type: ignore[return-value]
 
 
-def check_weights_choice(weights: object) -> str:
-    """``weights`` checked as a caller's choice: ``auto`` or a stored form (:data:`WEIGHTS`)."""
+def check_weights_choice(weights: object, name: str = "weights") -> str:
+    """``weights`` checked as a caller's choice: ``auto`` or a stored form (:data:`WEIGHTS`); the error names
+    where it came from (``name``: the argument, or an environment variable)."""
     if weights != "auto" and weights not in WEIGHTS:
-        msg = f"weights must be 'auto' or one of {', '.join(map(repr, WEIGHTS))}, got {weights!r}"
+        msg = f"{name} must be 'auto' or one of {', '.join(map(repr, WEIGHTS))}, got {weights!r}"
         raise ValueError(msg)
     return weights  # type: ignore[return-value]
 
@@ -74,10 +75,11 @@ def resolve_weights(weights: object, dtype: torch.dtype | None, device: torch.de
     ``auto``: ``$POLYKV_WEIGHTS`` where it is set; else ``int8`` where the int8 tile kernel runs (a bfloat16 model
     on a CPU with AMX tiles, :func:`~polykv_agents.model.int8_tiles.tiles_available`), else ``native``. With the
     kernel, int8 weights decode faster than the native ones for 1 to 16 agents, make the process smaller and
-    change perplexity by +0.12% [-0.23, +0.46] (``benchmarks/results/issue42/int8_matmul.json``) and task scores
-    on two model families by at most 2 items in 70 (``benchmarks/results/issue42/weights_tasks``; docs/RUNTIME.md,
-    "Which weights by default"); without it, PyTorch's int8 kernel is slower than bfloat16 above a few rows, so
-    the native weights stay.
+    change perplexity by +0.13% [-0.12, +0.38], the int8 input embedding included
+    (``benchmarks/results/issue42/int8_matmul_embedding.json``), and task scores on two model families by at most 2
+    items in 70, measured before the embedding read int8 codes (``benchmarks/results/issue42/weights_tasks``;
+    docs/RUNTIME.md, "Which weights by default"); without it, PyTorch's int8 kernel is slower than bfloat16 above
+    a few rows, so the native weights stay.
 
     Raises:
         ValueError: An unknown name, here or in ``POLYKV_WEIGHTS``.
@@ -85,10 +87,7 @@ def resolve_weights(weights: object, dtype: torch.dtype | None, device: torch.de
     if check_weights_choice(weights) != "auto":
         return weights  # type: ignore[return-value]
     pinned = os.environ.get(WEIGHTS_ENV_VAR, "").strip()
-    if pinned and pinned != "auto":
-        if pinned not in WEIGHTS:
-            msg = f"{WEIGHTS_ENV_VAR} must be 'auto' or one of {', '.join(map(repr, WEIGHTS))}, got {pinned!r}"
-            raise ValueError(msg)
+    if pinned and check_weights_choice(pinned, WEIGHTS_ENV_VAR) != "auto":
         return pinned  # type: ignore[return-value]
     on_tiles = dtype == torch.bfloat16 and torch.device(device).type == "cpu" and tiles_available()
     return "int8" if on_tiles else "native"

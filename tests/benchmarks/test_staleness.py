@@ -75,3 +75,21 @@ def test_the_mark_goes_under_the_command_and_above_each_block():
     assert marked.results == ["## Speed", "", "Produced by `x`.", "", "**Stale:** why", "table"]
     assert marked.blocks == {"speed": "**Stale:** why\n\nfigures"}
     assert mark_stale(rendered, None) is rendered
+
+
+def test_a_part_borrowed_from_an_earlier_run_is_checked_against_its_own_sources(repo):
+    from benchmarks.render import suite_stale_note
+
+    root, _ = repo
+    side = root / "benchmarks" / "studies" / "llamacpp_side.py"
+    side.parent.mkdir(parents=True)
+    side.write_text("REPLAY = 1\n")
+    earlier = _commit(root, "the peers' rows measured here")
+    (root / "polykv_agents" / "codecs" / "int8.py").write_text("BITS = 7\n")  # our code, not the peers'
+    later = _commit(root, "our rows measured here")
+    rendered = Rendered(provenance=[_run(later)], parts={"peers": [_run(earlier)]})
+    assert suite_stale_note(root, "sizes", rendered) is None
+    assert suite_stale_note(root, "sizes", Rendered(provenance=[_run(earlier)])) is not None  # ours would be stale
+    side.write_text("REPLAY = 2\n")
+    note = suite_stale_note(root, "sizes", rendered)
+    assert note is not None and "`benchmarks/studies/llamacpp_side.py`" in note and note.endswith("(its peers rows).")
