@@ -381,12 +381,15 @@ def render(results_dir: Path) -> Rendered | None:
         "memory only, meaningless for quality**; llama.cpp's GGUF files are made from the same weights by its own "
         "converter and quantizer. Every method decodes the same number of tokens from the same prompts.",
     ]
+    block: list[str] = []
     for run in runs:
         table = markdown(run)
         (results_dir / FOLDER / f"{_stem(run.settings)}.md").write_text(table, encoding="utf-8")
         lines += ["", *table.rstrip("\n").split("\n")]
+        block += table.rstrip("\n").split("\n")[2:] + [""]  # the README's own heading stands above it
     return Rendered(
         results=lines,
+        blocks={"sizes": "\n".join(block)},
         provenance=[run.provenance for run in runs],
         parts={"peers": [run.peers_provenance for run in runs if run.peers_provenance is not None]},
     )

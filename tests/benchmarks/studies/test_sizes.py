@@ -132,6 +132,7 @@ def test_the_docs_show_every_run_and_name_both_sides_commits(tmp_path):
     assert rendered is not None and "### Llama-3.2-1B at 8,192 tokens" in rendered.results
     assert [p.git_commit for p in rendered.provenance] == ["0123456abc"]
     assert [p.git_commit for p in rendered.parts["peers"]] == ["4848b2d99"]
+    assert rendered.blocks["sizes"].startswith("Llama-3.2-1B (published shapes, **random weights")
 
 
 def test_the_review_peak_leaves_out_only_the_probe():
