@@ -386,7 +386,7 @@ def render(results_dir: Path) -> Rendered | None:
         table = markdown(run)
         (results_dir / FOLDER / f"{_stem(run.settings)}.md").write_text(table, encoding="utf-8")
         lines += ["", *table.rstrip("\n").split("\n")]
-        block += table.rstrip("\n").split("\n")[2:] + [""]  # the README's own heading stands above it
+        block += [*table.rstrip("\n").split("\n")[2:], ""]  # the README's own heading stands above it
     return Rendered(
         results=lines,
         blocks={"sizes": "\n".join(block)},
