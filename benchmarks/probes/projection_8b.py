@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.studies.side_process import peak_rss_bytes, rss_bytes
+
 LLAMA_31_8B: dict[str, Any] = {
     # meta-llama/Llama-3.1-8B, config.json (8.03B parameters; its own output layer, untied)
     "architectures": ["LlamaForCausalLM"],
@@ -87,13 +89,6 @@ def _build(layers: int, folder: Path) -> Path:
     return folder
 
 
-def _status_bytes(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def _reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
 
@@ -129,17 +124,17 @@ def measure(folder: str, contexts: list[int]) -> dict[str, Any]:
     _reset_peak()
     model, tokenizer = engine.load_model(folder, weights="auto")
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in model.state_dict().values()}
-    loaded = {"rss_bytes": _status_bytes("VmRSS"), "peak_bytes": _status_bytes("VmHWM")}
+    loaded = {"rss_bytes": rss_bytes(), "peak_bytes": peak_rss_bytes()}
     text = pydoc_documents(1, chars_per_document=200_000)[0]
     ids = tokenizer(text, return_tensors="pt").input_ids[0]
     points = []
     for context in contexts:
         release_free_heap()
-        rss_before, started = _status_bytes("VmRSS"), time.perf_counter()
+        rss_before, started = rss_bytes(), time.perf_counter()
         _reset_peak()
         pool = SharedKVPool.prefill_tokens(model, tokenizer, ids[:context])
         pool_s = time.perf_counter() - started
-        pool_peak = _status_bytes("VmHWM")
+        pool_peak = peak_rss_bytes()
         roles = role_prompts(max(AGENTS))
         agents = [PooledAgent(pool, model, tokenizer, system_prompt=r, engine=engine) for r, _ in roles]
         questions = [q for _, q in roles]
