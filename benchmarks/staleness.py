@@ -90,6 +90,7 @@ SUITE_SOURCES: dict[str, tuple[str, ...]] = {
         "benchmarks/studies/ours_side.py",
         "benchmarks/studies/graph_e2e.py",
         "benchmarks/studies/side_process.py",
+        "benchmarks/studies/llama_server.py",  # a server row measured with our rows (--peers-from, --llama-server)
         "benchmarks/real_shapes.py",
     ),
     # Rows borrowed from an earlier run (--peers-from): llama.cpp's processes replaying recorded calls, on files

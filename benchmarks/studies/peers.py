@@ -159,6 +159,28 @@ def _review_extra(reviews: list[dict]) -> dict[str, Any]:
     return {"review_calls": reviews[0]["calls"], "review_output_tokens": [r["output_tokens"] for r in reviews]}
 
 
+def review_peak(stage_peaks: dict[str, int]) -> int:
+    """The peak RSS of a process that loads the model and runs the reviews: every stage's but the probe's, whose
+    extra full caches (a prefill timed again, TTFT from scratch) no user's review holds."""
+    return max(peak for stage, peak in stage_peaks.items() if stage != "probes")
+
+
+def our_row(request: dict[str, Any], method: str, keep_in: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Our row for ``request`` (:mod:`benchmarks.studies.ours_side`'s), run in a fresh process (kept in
+    ``keep_in``), and that process's result (its calls and probe ids, for llama.cpp to replay)."""
+    side = run_side_kept(OURS_SIDE, request, keep_in=keep_in, what=f"our run ({method})", timeout_s=SIDE_TIMEOUT_S)
+    samples = {**review_samples(side["reviews"]), **probe_samples(side["probes"])}
+    samples["review_input_tokens"] = [sum(len(c["input_ids"]) for c in replay) for replay in side["replays"]]
+    row = engine_row(
+        request["context"], method, samples, **_review_extra(side["reviews"]), weights=side["weights"],
+        compiled_decode=request["compiled"], warm_up_s=side["warm_up_s"], load_s=side["load_s"],
+        rss_peak_bytes=side["rss_peak_bytes"], rss_after_load_bytes=side["rss_after_load_bytes"],
+        rss_stage_peak_bytes=side["rss_stage_peak_bytes"],
+        rss_peak_review_bytes=review_peak(side["rss_stage_peak_bytes"]),
+    )  # fmt: skip
+    return row, side
+
+
 def _ours(options: PeersOptions, context: int, texts: list[str], roles: list[str], progress: Progress):
     """Our rows at ``context``, one fresh process per setting; the first setting's calls and probe ids."""
     rows, first = [], None
@@ -169,17 +191,9 @@ def _ours(options: PeersOptions, context: int, texts: list[str], roles: list[str
             "weights": weights, "compiled": compiled, "graphs": str(options.graphs), "max_tokens": options.max_tokens,
             "roles": roles, "context": context, "texts": texts,
         }  # fmt: skip
-        result = run_side_kept(
-            OURS_SIDE, request, keep_in=options.keep_in, what=f"our run ({method})", timeout_s=SIDE_TIMEOUT_S
-        )
-        first = first or result
-        samples = {**review_samples(result["reviews"]), **probe_samples(result["probes"])}
-        rows.append(
-            engine_row(context, method, samples, **_review_extra(result["reviews"]),
-                       rss_peak_bytes=result["rss_peak_bytes"], rss_after_load_bytes=result["rss_after_load_bytes"],
-                       weights=result.get("weights", weights), compiled_decode=compiled,
-                       warm_up_s=result["warm_up_s"])
-        )  # fmt: skip
+        row, side = our_row(request, method, options.keep_in)
+        rows.append(row)
+        first = first or side
     return rows, first["replays"], first["probe_ids"]
 
 
@@ -238,7 +252,7 @@ def _llama_cpp(options: PeersOptions, context: int, replays: list, probe_ids: li
         method = llama_cpp_method(fmt, flash, cache_types)
         progress(f"context {context}: {method}")
         request = {
-            "model_path": str(path), "n_ctx": n_ctx, "threads": _threads(), "flash_attn": flash,
+            "model_path": str(path), "n_ctx": n_ctx, "threads": threads(), "flash_attn": flash,
             "cache_types": cache_types, "reset_every_call": False, "reviews": replays,
             "probes": replay_probes(probe_ids),
         }  # fmt: skip
@@ -248,7 +262,7 @@ def _llama_cpp(options: PeersOptions, context: int, replays: list, probe_ids: li
         method = "llama.cpp (Q4_1), reset before every call"
         progress(f"context {context}: {method}, first document")
         request = {
-            "model_path": str(embedded_model_file()), "n_ctx": n_ctx, "threads": _threads(), "flash_attn": False,
+            "model_path": str(embedded_model_file()), "n_ctx": n_ctx, "threads": threads(), "flash_attn": False,
             "reset_every_call": True, "reviews": replays[:1], "probes": [],
         }  # fmt: skip
         result = _llamacpp_side(options, request, method)
@@ -280,7 +294,7 @@ def llama_server_row(
     method = f"llama-server ({fmt}), 1 slot, prompt cache"
     progress(f"context {context}: {method}")
     with LlamaServer(binary, gguf, slots=SERVER_SLOTS, ctx_per_slot=replay_context(replays, max_tokens),
-                     threads=_threads(), flash_attn=True) as server:  # fmt: skip
+                     threads=threads(), flash_attn=True) as server:  # fmt: skip
         server.complete(replays[0][0]["input_ids"][:64], 2)  # warm-up
         reviews = [replay_review(server, replay) for replay in replays]
         aggregates = []
@@ -297,7 +311,8 @@ def llama_server_row(
     )  # fmt: skip
 
 
-def _threads() -> int:
+def threads() -> int:
+    """The threads torch runs on here: the count every llama.cpp side is given too."""
     import torch
 
     return torch.get_num_threads()
@@ -335,7 +350,7 @@ def run_peers(options: PeersOptions, progress: Progress = lambda _: None) -> Sui
             "documents": options.documents,
             "model_file": embedded_model_file().name,
             "gguf_f16": options.gguf_f16 is not None,
-            "llama_cpp_python": _version("llama-cpp-python"),
+            "llama_cpp_python": installed_version("llama-cpp-python"),
             "llama_server": options.llama_server is not None,
             "compression_documents": options.compression_documents,
             "weights": list(options.weights),
@@ -403,10 +418,14 @@ def compression_rows(model, tokenizer, options: PeersOptions, progress: Progress
     return rows
 
 
-def _version(distribution: str) -> str:
-    from importlib.metadata import version
+def installed_version(distribution: str) -> str | None:
+    """``distribution``'s installed version, or ``None`` where it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    return version(distribution)
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
 
 
 def readme_blocks(result: SuiteResult) -> dict[str, str]:

@@ -15,9 +15,10 @@ prefill speed, the KV bytes held for the document and the peak RSS (``VmHWM``, t
   values), the peer for the pool's bytes;
 - **llama-server** (``--llama-server``), one slot, prompt cache, on the first file.
 
-``--peers-from`` sets ours beside the llama.cpp rows of an earlier run (same model, contexts, documents, roles
-and tokens) instead of running llama.cpp again, for a commit that changed our side only: a 1B run of llama.cpp's
-five processes takes hours on 2 cores. Those rows replay the earlier commit's recorded calls: the same calls and
+``--peers-from`` sets ours beside the llama-cpp-python rows of an earlier run (same model, contexts, documents,
+roles and tokens) instead of running them again, for a commit that changed our side only: a 1B run of llama.cpp's
+five processes takes hours on 2 cores. ``--llama-server`` with it measures the server's row now, replaying this
+run's calls. Those rows replay the earlier commit's recorded calls: the same calls and
 tokens per call, whose answer tokens (noise, from random weights) may differ. The result names both commits, and
 the docs mark it stale where either side's code changed (``sizes`` and ``sizes.peers`` in
 :mod:`benchmarks.staleness`).
@@ -29,7 +30,6 @@ the docs mark it stale where either side's code changed (``sizes`` and ``sizes.p
 from __future__ import annotations
 
 import json
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -39,17 +39,16 @@ from benchmarks.real_shapes import GGUF_TYPES, PUBLISHED, model_dir
 from benchmarks.studies.peers import (
     AGENTS,
     LLAMACPP_SIDE,
-    OURS_SIDE,
     SIDE_TIMEOUT_S,
-    engine_row,
+    installed_version,
     llama_cpp_method,
     llama_cpp_row,
     llama_server_row,
     our_method,
-    probe_samples,
+    our_row,
     replay_context,
     replay_probes,
-    review_samples,
+    threads,
 )
 from benchmarks.studies.side_process import run_side_kept
 from benchmarks.studies.workflows import LANGGRAPH_JSON
@@ -117,8 +116,10 @@ class SizesOptions(SuiteOptions):
 
     @model_validator(mode="after")
     def _borrowed_or_run(self) -> SizesOptions:
-        if self.peers_from is not None and (self.quantized_cache or self.llama_server is not None):
-            msg = "--peers-from takes every llama.cpp row from that run: drop --quantized-cache and --llama-server"
+        if self.peers_from is not None and self.quantized_cache:
+            msg = (
+                "--peers-from takes llama-cpp-python's rows from that run, the q8_0 cache's too: drop --quantized-cache"
+            )
             raise ValueError(msg)
         return self
 
@@ -159,26 +160,10 @@ def _ours(options: SizesOptions, context: int, texts: list[str], roles: list[str
             "graphs": str(LANGGRAPH_JSON), "max_tokens": options.max_tokens, "roles": roles, "context": context,
             "texts": texts,
         }  # fmt: skip
-        side = run_side_kept(OURS_SIDE, request, keep_in=options.keep_in, what=f"our run ({method})",
-                             timeout_s=SIDE_TIMEOUT_S)  # fmt: skip
+        row, side = our_row(request, method, options.keep_in)
+        rows.append(row)
         first = first or side
-        samples = {**review_samples(side["reviews"]), **probe_samples(side["probes"])}
-        samples["review_input_tokens"] = [sum(len(c["input_ids"]) for c in replay) for replay in side["replays"]]
-        reviews = side["reviews"]
-        rows.append(
-            engine_row(context, method, samples, weights=side["weights"], review_calls=reviews[0]["calls"],
-                       review_output_tokens=[r["output_tokens"] for r in reviews],
-                       rss_peak_bytes=side["rss_peak_bytes"], rss_after_load_bytes=side["rss_after_load_bytes"],
-                       rss_stage_peak_bytes=side["rss_stage_peak_bytes"],
-                       rss_peak_review_bytes=review_peak(side["rss_stage_peak_bytes"]), load_s=side["load_s"])
-        )  # fmt: skip
     return rows, first
-
-
-def review_peak(stage_peaks: dict[str, int]) -> int:
-    """The peak RSS of a process that loads the model and runs the reviews: every stage's but the probe's, whose
-    extra full caches (a prefill timed again, TTFT from scratch) no user's review holds."""
-    return max(peak for stage, peak in stage_peaks.items() if stage != "probes")
 
 
 def _llama_cpp(options: SizesOptions, context: int, side: dict, progress: Progress) -> list[dict]:
@@ -192,50 +177,54 @@ def _llama_cpp(options: SizesOptions, context: int, side: dict, progress: Progre
         progress(f"context {context}: {method}")
         request = {
             "model_path": str(gguf_path(options.model, fmt)),
-            "n_ctx": replay_context(side["replays"], options.max_tokens), "threads": _threads(), "flash_attn": True,
+            "n_ctx": replay_context(side["replays"], options.max_tokens), "threads": threads(), "flash_attn": True,
             "cache_types": cache_types, "reset_every_call": False, "reviews": side["replays"],
             "probes": replay_probes(side["probe_ids"]),
         }  # fmt: skip
         result = run_side_kept(LLAMACPP_SIDE, request, keep_in=options.keep_in, what=f"the llama.cpp run ({method})",
                                timeout_s=SIDE_TIMEOUT_S)  # fmt: skip
         rows.append(llama_cpp_row(context, method, result, gguf_format=fmt, cache_types=cache_types or ["f16", "f16"]))
-    if options.llama_server is not None:
-        first = options.gguf[0]
-        rows.append(
-            llama_server_row(options.llama_server, gguf_path(options.model, first), first, context, side["replays"],
-                             side["probe_ids"], options.max_tokens, progress)
-        )  # fmt: skip
     return rows
 
 
-def borrowed_peers(path: Path, settings: dict[str, Any], ours: list[dict]) -> tuple[list[dict], Provenance]:
-    """The llama.cpp rows of the earlier run at ``path`` and its provenance, after checking that it ran the same
-    protocol (:data:`SAME_RUN`) and the same work: as many calls, as many tokens decoded, per document."""
+def _llama_server(options: SizesOptions, context: int, side: dict, progress: Progress) -> list[dict]:
+    """llama-server's row at ``context`` on the first GGUF file, replaying this run's calls; none without
+    ``--llama-server``."""
+    if options.llama_server is None:
+        return []
+    first = options.gguf[0]
+    return [
+        llama_server_row(options.llama_server, gguf_path(options.model, first), first, context, side["replays"],
+                         side["probe_ids"], options.max_tokens, progress)
+    ]  # fmt: skip
+
+
+def is_server(row: dict[str, Any]) -> bool:
+    return row["method"].startswith("llama-server")
+
+
+def borrowed_peers(
+    path: Path, settings: dict[str, Any], ours: list[dict], *, server_measured: bool = False
+) -> tuple[list[dict], Provenance]:
+    """The llama.cpp rows of the earlier run at ``path`` (marked ``borrowed``) and its provenance, after checking
+    that it ran the same protocol (:data:`SAME_RUN`) and the same work: as many calls, as many tokens decoded, per
+    document. ``server_measured``: this run has its own llama-server row, so the earlier one's is left out."""
     earlier = SizesResult.model_validate_json(path.read_text())
     differ = [key for key in SAME_RUN if earlier.settings.get(key) != settings[key]]
     if differ:
         msg = f"--peers-from {path} ran other settings ({', '.join(differ)}): borrow only from the same protocol"
         raise ValueError(msg)
-    peers = [row for row in earlier.rows if not is_ours(row)]
+    peers = [
+        row | {"borrowed": True}
+        for row in earlier.rows
+        if not is_ours(row) and not (server_measured and is_server(row))
+    ]
     work = {r["context_tokens"]: (r["review_calls"], r["review_output_tokens"]) for r in ours}
     for row in peers:
         if (row["review_calls"], row["review_output_tokens"]) != work[row["context_tokens"]]:
             msg = f"{row['method']} in {path} did other work than ours: calls and tokens differ"
             raise ValueError(msg)
     return peers, earlier.provenance
-
-
-def _threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
-
-
-def _version(distribution: str) -> str | None:
-    try:
-        return version(distribution)
-    except PackageNotFoundError:
-        return None
 
 
 def run_sizes(options: SizesOptions, progress: Progress = lambda _: None) -> SizesResult:
@@ -254,21 +243,24 @@ def run_sizes(options: SizesOptions, progress: Progress = lambda _: None) -> Siz
     settings = {
         "model": options.model, "published_config": PUBLISHED[options.model], "random_weights": True,
         "contexts": list(options.contexts), "documents": options.documents, "roles": AGENTS,
-        "max_tokens": options.max_tokens, "weights": list(options.weights), "threads": _threads(),
+        "max_tokens": options.max_tokens, "weights": list(options.weights), "threads": threads(),
     }  # fmt: skip
     rows: list[dict[str, Any]] = []
     for context in options.contexts:
         ours, side = _ours(options, context, texts, roles, progress)
         rows += ours + (_llama_cpp(options, context, side, progress) if runs_llama_cpp else [])
+        rows += _llama_server(options, context, side, progress)
     peers_provenance = None
+    settings["llama_server"] = options.llama_server is not None
     if runs_llama_cpp:
         settings |= {
             "gguf": list(options.gguf), "quantized_cache": options.quantized_cache,
-            "llama_server": options.llama_server is not None, "llama_cpp_python": _version("llama-cpp-python"),
+            "llama_cpp_python": installed_version("llama-cpp-python"),
         }  # fmt: skip
     else:
         assert options.peers_from is not None
-        peers, peers_provenance = borrowed_peers(options.peers_from, settings, rows)
+        server_measured = options.llama_server is not None
+        peers, peers_provenance = borrowed_peers(options.peers_from, settings, rows, server_measured=server_measured)
         rows += peers
         settings["peers_from"] = options.peers_from.name
     return SizesResult(
@@ -295,9 +287,13 @@ def markdown(result: SizesResult) -> str:
     settings = result.settings
     commits = f"commit {_commit(result.provenance)}"
     if result.peers_provenance is not None:
+        measured = "our rows and llama-server's" if any(
+            is_server(r) and not r.get("borrowed") for r in result.rows
+        ) else "our rows"  # fmt: skip
         commits = (
-            f"our rows at commit {_commit(result.provenance)}, llama.cpp's at {_commit(result.peers_provenance)} "
-            f"(`{settings.get('peers_from')}`: the same calls and tokens per call, replaying that commit's answers)"
+            f"{measured} at commit {_commit(result.provenance)}, llama-cpp-python's at "
+            f"{_commit(result.peers_provenance)} (`{settings.get('peers_from')}`: the same calls and tokens per call, "
+            "replaying that commit's answers)"
         )
     lines = [
         f"### {settings['model']} at {', '.join(f'{c:,}' for c in settings['contexts'])} tokens",
@@ -349,16 +345,24 @@ def comparisons(rows: list[dict[str, Any]]) -> list[str]:
             f"- {context}, **KV for the document**: ours {kv / MIB:,.1f} MiB against {theirs / MIB:,.1f} MiB with "
             f"llama.cpp's {'/'.join(quantized[0]['cache_types'])} cache ({kv / theirs:.2f}x; target <= 1: {verdict})."
         )
-    servers = [r for r in peers if r["method"].startswith("llama-server")]
+    # The peers' processes run the reviews and the decode, not our probe's extra caches.
+    ours_peak = ours.get("rss_peak_review_bytes") or ours["rss_peak_bytes"]
+    what = "the load and the reviews" if ours.get("rss_peak_review_bytes") else "the process"
+    servers = [r for r in peers if is_server(r)]
     if servers:
         server = servers[0]["rss_peak_bytes"]
-        # The server's process runs the review and the 15-agent decode, not our probe's extra caches.
-        ours_peak = ours.get("rss_peak_review_bytes") or ours["rss_peak_bytes"]
-        what = "the load and the reviews" if ours.get("rss_peak_review_bytes") else "the process"
         verdict = "met" if ours_peak <= server + ours["kv_bytes"] else "not met"
         lines.append(
             f"- {context}, **peak RSS**: ours {ours_peak / MIB:,.0f} MiB ({what}) against llama-server's "
             f"{server / MIB:,.0f} MiB plus the pool's {ours['kv_bytes'] / MIB:,.1f} (target: {verdict})."
+        )
+    else:
+        processes = [r["rss_peak_bytes"] for r in peers]
+        verdict = "below every one of them" if ours_peak <= min(processes) else "llama.cpp holds less"
+        lines.append(
+            f"- {context}, **peak RSS**: no llama-server row, the target's peer; ours {ours_peak / MIB:,.0f} MiB "
+            f"({what}) against {min(processes) / MIB:,.0f}-{max(processes) / MIB:,.0f} MiB for llama-cpp-python's "
+            f"processes ({verdict})."
         )
     return lines
 

@@ -2,7 +2,9 @@
 
 Chunking bounds the attention scores to ``[chunk, T]`` instead of ``[T, T]``, and keeping only
 the last position's logits avoids a ``[T, vocab]`` tensor that would dwarf the cache itself. The
-cache still grows to the whole document: that is what gets compressed.
+cache still grows to the whole document: that is what gets compressed. Each layer's keys and values are
+reserved at the document's length before the first chunk is written
+(:class:`~polykv_agents.model.compat.ReservedLayer`), never grown by copying.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from polykv_agents.model.compat import forward_with_cache, new_full_cache
+from polykv_agents.model.heap import release_free_heap
 
 DEFAULT_CHUNK_SIZE = 512
 """Tokens per forward pass during prefill."""
@@ -38,7 +41,8 @@ def prefill_cache(
         raise ValueError(msg)
     ids = token_ids.to(model.device).unsqueeze(0)  # [1, T]
     num_tokens = ids.shape[-1]
-    cache = new_full_cache()  # every token in every layer, sliding-window layers included (their masks apply it)
+    # Every token in every layer, sliding-window layers included (their masks apply it), reserved at its full size.
+    cache = new_full_cache(capacity=num_tokens)
     logits = None
     for start in range(0, num_tokens, chunk_size):
         logits = forward_with_cache(
@@ -47,4 +51,5 @@ def prefill_cache(
         if progress is not None:
             progress(min(start + chunk_size, num_tokens), num_tokens)
     assert logits is not None, "token_ids must not be empty"
+    release_free_heap()  # the chunks' activations: the cache is what stays
     return cache, logits[0, -1]

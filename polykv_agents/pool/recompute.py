@@ -39,7 +39,7 @@ def recompute_in_place(model: PreTrainedModel, cache: Cache, token_ids: torch.Te
     ``cache`` must be a ``DynamicCache`` of full-attention layers: a sliding-window layer drops its oldest slots
     as the recomputed tokens are appended, and every slot must stay where it is.
     """
-    if not all(type(layer) is DynamicLayer for layer in cache.layers):
+    if not all(isinstance(layer, DynamicLayer) and not layer.is_sliding for layer in cache.layers):
         msg = "recompute_in_place needs a DynamicCache of full-attention layers (DynamicCache() without a config)"
         raise TypeError(msg)
     if positions.numel() == 0:

@@ -31,6 +31,7 @@ from polykv_agents.model.architecture import check_causal_lm
 from polykv_agents.model.compat import cache_from_key_values, layer_key_values
 from polykv_agents.model.compute_thread import run_on_compute_thread
 from polykv_agents.model.fingerprint import DTYPE_FREE_FIELDS, ModelFingerprint, check_same_model, model_fingerprint
+from polykv_agents.model.heap import release_free_heap
 from polykv_agents.model.rope import rope_frequencies
 from polykv_agents.pool.documents import Document, tokenize_document
 from polykv_agents.pool.memory import MemoryReport
@@ -86,7 +87,11 @@ def _encode_layer(
     encoded_keys = (
         key_codec.encode(keys) if key_rope_inv_freq is None else key_codec.encode(keys, rope_inv_freq=key_rope_inv_freq)
     )
-    return EncodedLayer(keys=encoded_keys, values=value_codec.encode(values)), fp16_nbytes
+    layer = EncodedLayer(keys=encoded_keys, values=value_codec.encode(values))
+    # The codecs pass each layer through float32 copies several times its size; freed between the small codes
+    # every layer keeps, glibc would hold them all in the RSS (:mod:`~polykv_agents.model.heap`).
+    release_free_heap()
+    return layer, fp16_nbytes
 
 
 class SharedKVPool:

@@ -8,7 +8,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from benchmarks.studies import sizes
+from benchmarks.studies import peers, sizes
 from benchmarks.studies.sizes import SizesOptions, SizesResult
 from polykv_agents.bench.provenance import Provenance
 
@@ -56,7 +56,9 @@ def test_the_table_says_the_weights_are_random_and_which_commit_made_each_side()
     ]  # fmt: skip
     table = sizes.markdown(_result(rows, peers_commit="4848b2d99"))
     assert "random weights: time and memory only" in table
-    assert "our rows at commit 0123456, llama.cpp's at 4848b2d (`earlier.json`" in table
+    assert "our rows and llama-server's at commit 0123456, llama-cpp-python's at 4848b2d (`earlier.json`" in table
+    rows[1]["borrowed"] = True  # the server's row from the earlier run too
+    assert "our rows at commit 0123456, llama-cpp-python's at 4848b2d" in sizes.markdown(_result(rows, "4848b2d99"))
     ours, server = [line for line in table.splitlines() if line.startswith("| 8,192")]
     assert ours == (
         "| 8,192 | polykv_agents (one pool), int8 weights | 67.0 s | 24.40 / 0.27 / 0.26 s | 9.5 / 42.6 | 336 "
@@ -88,6 +90,14 @@ def test_the_comparisons_take_each_document_against_the_fastest_peer_and_say_whe
     rows[0]["rss_peak_review_bytes"] = 3000 * MIB  # the process without the probe's extra caches: what is compared
     assert "ours 3,000 MiB (the load and the reviews)" in sizes.comparisons(rows)[2]
     assert sizes.comparisons(rows[:1]) == ["- 8,192 tokens: no llama.cpp row."]
+    without_server = sizes.comparisons(rows[:4])[2]  # llama-cpp-python's processes peak at 3,072 MiB
+    assert (
+        "no llama-server row, the target's peer; ours 3,000 MiB (the load and the reviews) against 3,072-3,072 MiB"
+        in (without_server)
+    )
+    assert without_server.endswith("(below every one of them).")
+    rows[0]["rss_peak_review_bytes"] = 3073 * MIB
+    assert sizes.comparisons(rows[:4])[2].endswith("(llama.cpp holds less).")
 
 
 def _earlier(tmp_path, rows: list[dict], **settings) -> object:
@@ -103,7 +113,12 @@ def test_borrowed_rows_must_come_from_the_same_protocol_and_the_same_work(tmp_pa
     ours = [_ours()]
     settings = {"model": "Llama-3.2-1B", "contexts": [8192], "documents": 3, "roles": 15, "max_tokens": 32}
     rows, provenance = sizes.borrowed_peers(_earlier(tmp_path, [_ours(), peer]), settings, ours)
-    assert rows == [peer] and provenance.git_commit == "0123456abc"  # ours of the earlier run are not borrowed
+    assert rows == [peer | {"borrowed": True}] and provenance.git_commit == "0123456abc"  # not the earlier ours
+    server = _row("llama-server (Q8_0), 1 slot, prompt cache", [500.0, 510.0, 520.0], gguf_format="Q8_0")
+    earlier = _earlier(tmp_path, [peer, server])
+    assert len(sizes.borrowed_peers(earlier, settings, ours)[0]) == 2
+    rows, _ = sizes.borrowed_peers(earlier, settings, ours, server_measured=True)  # this run has its own
+    assert [row["method"] for row in rows] == ["llama.cpp (Q4_0)"]
     with pytest.raises(ValueError, match="ran other settings \\(documents\\)"):
         sizes.borrowed_peers(_earlier(tmp_path, [peer], documents=5), settings, ours)
     other_work = {**peer, "review_output_tokens": [684, 684, 652]}
@@ -119,8 +134,9 @@ def test_options_refuse_what_cannot_run(tmp_path):
     earlier, server = tmp_path / "earlier.json", tmp_path / "llama-server"
     earlier.write_text("{}")
     server.touch()
-    with pytest.raises(ValidationError, match=r"--peers-from takes every llama\.cpp row"):
-        SizesOptions(peers_from=earlier, llama_server=server)
+    with pytest.raises(ValidationError, match=r"--peers-from takes llama-cpp-python's rows .*drop --quantized-cache"):
+        SizesOptions(peers_from=earlier, quantized_cache=True)
+    assert SizesOptions(peers_from=earlier, llama_server=server).llama_server == server  # a server row measured now
 
 
 def test_the_docs_show_every_run_and_name_both_sides_commits(tmp_path):
@@ -137,12 +153,14 @@ def test_the_docs_show_every_run_and_name_both_sides_commits(tmp_path):
 
 def test_the_review_peak_leaves_out_only_the_probe():
     stages = {"load": 2000 * MIB, "warm_up": 2100 * MIB, "reviews": 2500 * MIB, "probes": 3000 * MIB}
-    assert sizes.review_peak(stages) == 2500 * MIB
+    assert peers.review_peak(stages) == 2500 * MIB
 
 
-def test_our_side_runs_the_review_and_the_probe_on_a_model_folder_with_each_stage_s_peak(long_context_model_dir):
+def test_our_side_runs_the_review_and_the_probe_on_a_model_folder_with_each_stage_s_peak(
+    long_context_model_dir, monkeypatch
+):
     """The side process's code in this process, on a local model folder (as a real-shapes model is given)."""
-    from benchmarks.studies import ours_side
+    from benchmarks.studies import graph_e2e, ours_side
     from benchmarks.studies.workflows import LANGGRAPH_JSON, load_workflow
     from polykv_agents.eval.corpus import pydoc_documents
 
@@ -150,10 +168,16 @@ def test_our_side_runs_the_review_and_the_probe_on_a_model_folder_with_each_stag
     roles = list(workflow.ROLE_PROMPTS)[:3]
     request = {
         "model": long_context_model_dir, "weights": "native", "compiled": False, "graphs": str(LANGGRAPH_JSON),
-        "max_tokens": 2, "roles": roles, "context": 300, "texts": pydoc_documents(1, chars_per_document=3000),
+        "max_tokens": 2, "roles": roles, "context": 300, "texts": pydoc_documents(2, chars_per_document=3000),
     }  # fmt: skip
+    order: list[str] = []
+    run_graph, probe = graph_e2e.run_graph, ours_side.probe
+    monkeypatch.setattr(graph_e2e, "run_graph", lambda *a, **k: order.append("review") or run_graph(*a, **k))
+    monkeypatch.setattr(ours_side, "probe", lambda *a, **k: order.append("probe") or probe(*a, **k))
     result = ours_side.measure(request)
-    assert [review["calls"] for review in result["reviews"]] == [6]  # planner, 3 specialists, critic, summary
+    # The warm-up, then every review before any probe: the reviews' peak is a review process's alone.
+    assert order == ["review", "review", "review", "probe", "probe"]
+    assert [review["calls"] for review in result["reviews"]] == [6, 6]  # planner, 3 specialists, critic, summary
     assert all(len(call["input_ids"]) > 300 for replay in result["replays"] for call in replay)  # the document read
     assert len(result["probe_ids"][0]["document_ids"]) > 300  # the probe's pool holds the same document
     stages = result["rss_stage_peak_bytes"]
