@@ -184,3 +184,21 @@ def test_our_side_runs_the_review_and_the_probe_on_a_model_folder_with_each_stag
     assert list(stages) == ["load", "warm_up", "reviews", "probes"]
     assert result["rss_peak_bytes"] == max(stages.values()) >= result["rss_after_load_bytes"]
     assert result["load_s"] > 0 and result["weights"] == "native"
+
+
+def test_our_row_takes_the_side_s_figures_and_its_review_peak_without_the_probe(monkeypatch):
+    """``peers.our_row``: a side process's result (here given, not run) made into our row."""
+    review = {"wall_s": 70.0, "stage_s": {"planner": 10.0}, "calls": 18, "output_tokens": 684}
+    side = {
+        "reviews": [review, {**review, "wall_s": 72.0}], "replays": [[{"input_ids": [1, 2, 3]}], [{"input_ids": [4]}]],
+        "probes": [{"decode_tok_s": 7.0}, {"decode_tok_s": 9.0}], "weights": "int8", "warm_up_s": 15.0, "load_s": 11.0,
+        "rss_peak_bytes": 3500 * MIB, "rss_after_load_bytes": 1700 * MIB,
+        "rss_stage_peak_bytes": {"load": 2400 * MIB, "reviews": 3000 * MIB, "probes": 3500 * MIB},
+    }  # fmt: skip
+    monkeypatch.setattr(peers, "run_side_kept", lambda *args, **kwargs: side)
+    row, returned = peers.our_row({"context": 8192, "compiled": False}, "polykv_agents (one pool)", None)
+    assert returned is side
+    assert row["rss_peak_review_bytes"] == 3000 * MIB and row["rss_peak_bytes"] == 3500 * MIB
+    assert row["review_wall_s"] == 71.0 and row["decode_tok_s"] == 8.0  # medians over the documents
+    assert row["samples"]["review_input_tokens"] == [3, 1]
+    assert row["review_calls"] == 18 and row["load_s"] == 11.0 and row["weights"] == "int8"
