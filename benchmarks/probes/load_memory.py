@@ -73,6 +73,7 @@ def measure(model_name: str | None, weights: str, context: int) -> dict[str, Any
     ids = tokenizer(text, return_tensors="pt").input_ids[0, :context]
     rss, started = _status_bytes("VmRSS"), time.perf_counter()
     cache, _ = prefill_cache(model, ids)
+    release_free_heap()  # the chunks' activations, as a pool's build hands them back: the cache is what stays
     cache_bytes = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
     stages.append(_stage(f"prefill of {len(ids)} tokens, full cache held", rss, started, cache_bytes=cache_bytes))
     del cache

@@ -356,6 +356,12 @@ def comparisons(rows: list[dict[str, Any]]) -> list[str]:
             f"- {context}, **peak RSS**: ours {ours_peak / MIB:,.0f} MiB ({what}) against llama-server's "
             f"{server / MIB:,.0f} MiB plus the pool's {ours['kv_bytes'] / MIB:,.1f} (target: {verdict})."
         )
+        lowest = min(peers, key=lambda r: r["rss_peak_bytes"])
+        if lowest["rss_peak_bytes"] < ours_peak:  # the target's peer is not always the smallest process
+            lines.append(
+                f"- {context}, **the smallest process**: {lowest['method']}, {lowest['rss_peak_bytes'] / MIB:,.0f} "
+                f"MiB at its peak, below ours."
+            )
     else:
         processes = [r["rss_peak_bytes"] for r in peers]
         verdict = "below every one of them" if ours_peak <= min(processes) else "llama.cpp holds less"

@@ -44,8 +44,9 @@ class ReservedLayer(DynamicLayer):
 
     ``DynamicLayer`` grows by concatenation: each chunk of a prefill copies the whole layer so far into a new, larger
     block. The blocks it leaves are freed in sizes the next, larger one cannot reuse, and glibc keeps them in the
-    RSS: a prefill of 8,192 tokens on Llama-3.2-1B held 942 MiB more after it than before, for a 256 MiB cache
-    (``python -m benchmarks.probes.load_memory``). Reserved, the cache is allocated once, at its final size.
+    RSS: a prefill of 8,192 tokens on Llama-3.2-1B held 764 MiB more after it than before, for a 256 MiB cache, and
+    291 MiB reserved (``python -m benchmarks.probes.load_memory``, ``benchmarks/results/issue43``). Reserved, the
+    cache is allocated once, at its final size.
     Past ``capacity``, or once its keys are no longer a view of the buffers (a batch repeated or selected), the
     layer grows by concatenation as ``DynamicLayer`` does.
     """

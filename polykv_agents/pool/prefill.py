@@ -4,7 +4,9 @@ Chunking bounds the attention scores to ``[chunk, T]`` instead of ``[T, T]``, an
 the last position's logits avoids a ``[T, vocab]`` tensor that would dwarf the cache itself. The
 cache still grows to the whole document: that is what gets compressed. Each layer's keys and values are
 reserved at the document's length before the first chunk is written
-(:class:`~polykv_agents.model.compat.ReservedLayer`), never grown by copying.
+(:class:`~polykv_agents.model.compat.ReservedLayer`), never grown by copying. The heap the chunks' activations
+leave free is handed back by whoever keeps the process going: a pool's build does it after each layer it
+compresses (:mod:`~polykv_agents.pool.shared_pool`), outside the prefill that TTFT figures time.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from polykv_agents.model.compat import forward_with_cache, new_full_cache
-from polykv_agents.model.heap import release_free_heap
 
 DEFAULT_CHUNK_SIZE = 512
 """Tokens per forward pass during prefill."""
@@ -51,5 +52,4 @@ def prefill_cache(
         if progress is not None:
             progress(min(start + chunk_size, num_tokens), num_tokens)
     assert logits is not None, "token_ids must not be empty"
-    release_free_heap()  # the chunks' activations: the cache is what stays
     return cache, logits[0, -1]

@@ -80,15 +80,18 @@ def test_the_comparisons_take_each_document_against_the_fastest_peer_and_say_whe
         _row("llama-server (Q8_0), 1 slot, prompt cache", [500.0, 510.0, 520.0], gguf_format="Q8_0",
              rss_peak_bytes=3100 * MIB),
     ]  # fmt: skip
-    review, kv, rss = sizes.comparisons(rows)
+    review, kv, rss, smallest = sizes.comparisons(rows)
     # Q4_0 has the lowest median (315 s): per document 260/65, 335/67, 315/70.
     assert "llama.cpp (Q4_0), the fastest peer, took 4.0-5.0x ours on each of 3 documents" in review
     assert "90.0 MiB against 136.0 MiB with llama.cpp's q8_0/q8_0 cache (0.66x; target <= 1: met)" in kv
     assert "ours 3,190 MiB (the process) against llama-server's 3,100 MiB plus the pool's 90.0 (target: met)" in rss
+    # llama-cpp-python's processes (3,072 MiB) peak below ours: the comparisons say so beside the target.
+    assert smallest == "- 8,192 tokens, **the smallest process**: llama.cpp (Q8_0), 3,072 MiB at its peak, below ours."
     rows[0]["rss_peak_bytes"] = 3191 * MIB  # 1 MiB over the server plus the pool
     assert sizes.comparisons(rows)[2].endswith("(target: not met).")
     rows[0]["rss_peak_review_bytes"] = 3000 * MIB  # the process without the probe's extra caches: what is compared
     assert "ours 3,000 MiB (the load and the reviews)" in sizes.comparisons(rows)[2]
+    assert len(sizes.comparisons(rows)) == 3  # no process below ours: no fourth line
     assert sizes.comparisons(rows[:1]) == ["- 8,192 tokens: no llama.cpp row."]
     without_server = sizes.comparisons(rows[:4])[2]  # llama-cpp-python's processes peak at 3,072 MiB
     assert (
