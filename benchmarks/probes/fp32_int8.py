@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from benchmarks.probes.int8_matmul import _linears, _per_row_int8
+from benchmarks.probes.rss_census import _weights_nbytes
 from polykv_agents.bench.stats import mean_interval, median_call_seconds
 
 DECODE_ROWS = 16
@@ -123,12 +124,6 @@ def decode_rates(models: dict, context: int, agents: int, reps: int) -> dict[str
         finally:
             engine.close()
     return samples
-
-
-def _weights_nbytes(model) -> int:
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in [*model.parameters(),
-                                                                                      *model.buffers()]}  # fmt: skip
-    return sum(storages.values())
 
 
 def main() -> None:

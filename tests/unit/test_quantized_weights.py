@@ -41,7 +41,8 @@ def test_int8_computes_its_dequantized_weight_on_both_paths(rows):
     assert out.dtype is torch.float32
     if rows <= KERNEL_MAX_ROWS:  # rows rounded to bf16 at the kernel's input, its sums to bf16 at its output
         torch.testing.assert_close(out, x.bfloat16().float() @ dequantized.T + linear.bias, rtol=1e-2, atol=5e-3)
-        assert not torch.equal(out, x @ dequantized.T + linear.bias)
+        products = layer._matmul(x)  # before the bias: the kernel's bf16 sums, widened
+        assert torch.equal(products, products.bfloat16().float())
     else:
         torch.testing.assert_close(out, x @ dequantized.T + linear.bias, rtol=1e-5, atol=1e-5)
     # ... and that weight is the original to within half a step of its channel's scale.
