@@ -192,8 +192,7 @@ def load_model(
             :mod:`polykv_agents.model.dtype`.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``, or ``"auto"`` (CUDA, then MPS, then the CPU).
         weights: ``"auto"`` (default): weight-only ``"int8"`` where the int8 tile kernel runs (a bf16 model on
-            a CPU with AMX) or the model computes in fp32 on an AVX2/AVX-512 CPU, else ``"native"``;
-            ``POLYKV_WEIGHTS`` can say what ``auto`` means. Or name one:
+            a CPU with AMX), else ``"native"``; ``POLYKV_WEIGHTS`` can say what ``auto`` means. Or name one:
             ``"native"`` (the model's dtype), ``"int8"`` / ``"int4"`` on the CPU: faster decode steps, the same
             pools (see :mod:`polykv_agents.model.weights`; ``python -m benchmarks weights`` measures speed and
             perplexity).

@@ -186,8 +186,7 @@ class ChatPolyKV(BaseChatModel):
         dtype: str
             ``"auto"`` (bf16 where the hardware has it natively, else fp32), or a dtype name.
         weights: str
-            ``"auto"`` (default: int8 where the int8 tile kernel runs or the model is fp32 on an AVX2/AVX-512
-            CPU, else native), ``"native"``, or
+            ``"auto"`` (default: int8 where the int8 tile kernel runs, else native), ``"native"``, or
             weight-only ``"int8"`` / ``"int4"`` on the CPU (faster decode steps).
         runtime: str
             ``"auto"`` (batched, default: the faster residency here), ``"decompressed"``, ``"compressed"``
@@ -354,8 +353,7 @@ class ChatPolyKV(BaseChatModel):
     CPUs, CUDA), else fp32. A pool serves every dtype: it holds codes, not tensors of one dtype."""
 
     weights: WeightsChoice = "auto"
-    """How the model stores its weights: ``auto`` (int8 where the int8 tile kernel runs or the model is fp32 on an
-    AVX2/AVX-512 CPU, else native; see
+    """How the model stores its weights: ``auto`` (int8 where the int8 tile kernel runs, else native; see
     :func:`~polykv_agents.model.weights.resolve_weights`), ``native`` (its dtype), or weight-only ``int8`` /
     ``int4`` on the CPU, which make decode steps faster (``python -m benchmarks weights``). The same pools serve
     every setting."""

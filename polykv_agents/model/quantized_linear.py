@@ -46,19 +46,6 @@ ms widened, and 73.6 against 67.0 at 32 rows (``python -m benchmarks.probes.int8
 ``benchmarks/results/issue42/int8_matmul.json``): the widening, a pass that writes the weight in bfloat16, costs
 more than the kernel's extra passes over it up to about 32 rows. bf16 weights kept as such took 26.4 ms."""
 
-VECTORISED_INT8_CAPABILITIES = frozenset({"AVX2", "AVX512"})
-"""PyTorch's CPU builds (``torch.backends.cpu.get_cpu_capability()``) whose ``_weight_int8pack_mm`` is vectorised for
-bfloat16 rows: with either, one 1,536 x 576 product of 15 rows took 0.37 and 0.25 ms on an AVX-512 CPU without
-AVX-512 bf16, against 6.6 ms with the capability forced to ``DEFAULT`` (``ATEN_CPU_CAPABILITY``), where float32
-rows took 0.18 ms in ``F.linear``."""
-
-
-def int8_kernel_vectorised() -> bool:
-    """Whether this process's PyTorch runs ``_weight_int8pack_mm`` with vector instructions
-    (:data:`VECTORISED_INT8_CAPABILITIES`)."""
-    return torch.backends.cpu.get_cpu_capability() in VECTORISED_INT8_CAPABILITIES
-
-
 INT4_GROUP_SIZE = 32
 """Input features per int4 group (one scale and zero each): the block size of GGUF's Q4_0/Q4_1, so the
 embedded model's own 4-bit weights are represented again almost exactly."""

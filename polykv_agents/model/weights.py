@@ -33,7 +33,7 @@ from polykv_agents.model.heap import release_free_heap
 from polykv_agents.model.int8_tiles import tiles_available
 from polykv_agents.model.mapped_pages import file_mappings, release_mapped_pages
 from polykv_agents.model.quantized_embedding import Int8Embedding
-from polykv_agents.model.quantized_linear import Int4Linear, Int8Linear, int4_supported, int8_kernel_vectorised
+from polykv_agents.model.quantized_linear import Int4Linear, Int8Linear, int4_supported
 
 logger = logging.getLogger(__name__)
 
@@ -72,21 +72,19 @@ def check_weights_choice(weights: object, name: str = "weights") -> str:
 def resolve_weights(weights: object, dtype: torch.dtype | None, device: torch.device | str) -> Weights:
     """The stored form ``weights`` means for a model in ``dtype`` on ``device``.
 
-    ``auto``: ``$POLYKV_WEIGHTS`` where it is set; else ``int8`` where
-
-    - the int8 tile kernel runs (a bfloat16 model on a CPU with AMX tiles,
-      :func:`~polykv_agents.model.int8_tiles.tiles_available`): int8 weights decode faster than the native ones for
-      1 to 16 agents, make the process smaller and change perplexity by +0.13% [-0.12, +0.38], the int8 input
-      embedding included (``benchmarks/results/issue42/int8_matmul_embedding.json``), and task scores on two model
-      families by at most 2 items in 70, measured before the embedding read int8 codes
-      (``benchmarks/results/issue42/weights_tasks``; docs/RUNTIME.md, "Which weights by default");
-    - or the model computes in float32 on a CPU whose PyTorch runs its int8 kernel with vector instructions
-      (:func:`~polykv_agents.model.quantized_linear.int8_kernel_vectorised`: a CPU without AVX-512 bf16 or AMX, where
-      ``dtype="auto"`` is float32): there the kernel takes bfloat16 rows and reads a quarter of float32's bytes
-      (``benchmarks/results/issue42/fp32_int8.json``, docs/RUNTIME.md).
-
-    Else ``native``: a bfloat16 model without the tile kernel, where PyTorch's int8 kernel is slower than bfloat16
-    above a few rows, a model on another device, or a dtype not known before loading (``None``).
+    ``auto``: ``$POLYKV_WEIGHTS`` where it is set; else ``int8`` where the int8 tile kernel runs (a bfloat16 model
+    on a CPU with AMX tiles, :func:`~polykv_agents.model.int8_tiles.tiles_available`), else ``native``. With the
+    kernel, int8 weights decode faster than the native ones for 1 to 16 agents, make the process smaller and
+    change perplexity by +0.13% [-0.12, +0.38], the int8 input embedding included
+    (``benchmarks/results/issue42/int8_matmul_embedding.json``), and task scores on two model families by at most 2
+    items in 70, measured before the embedding read int8 codes (``benchmarks/results/issue42/weights_tasks``;
+    docs/RUNTIME.md, "Which weights by default"); and a row's result does not depend on the other rows of its step.
+    Without it, PyTorch's int8 kernel is slower than bfloat16 above a few rows, so a bfloat16 model keeps its
+    weights. A float32 model (a CPU without AVX-512 bf16 or AMX) keeps them too, although int8 decodes 9-19% faster
+    there with a quarter of the bytes (``benchmarks/results/issue42/fp32_int8.json``): its products of up to 16 rows
+    round to bfloat16 and those of more rows do not, so calls answered together would not always answer as alone
+    (45 of 200 concurrent calls differed from the same calls alone in the load-and-soak test). ``weights="int8"``
+    takes it where that matters less than speed and memory.
 
     Raises:
         ValueError: An unknown name, here or in ``POLYKV_WEIGHTS``.
@@ -96,10 +94,8 @@ def resolve_weights(weights: object, dtype: torch.dtype | None, device: torch.de
     pinned = os.environ.get(WEIGHTS_ENV_VAR, "").strip()
     if pinned and check_weights_choice(pinned, WEIGHTS_ENV_VAR) != "auto":
         return pinned  # type: ignore[return-value]
-    on_cpu = torch.device(device).type == "cpu"
-    on_tiles = dtype == torch.bfloat16 and on_cpu and tiles_available()
-    in_float32 = dtype == torch.float32 and on_cpu and int8_kernel_vectorised()
-    return "int8" if on_tiles or in_float32 else "native"
+    on_tiles = dtype == torch.bfloat16 and torch.device(device).type == "cpu" and tiles_available()
+    return "int8" if on_tiles else "native"
 
 
 def weights_of(model: PreTrainedModel) -> Weights:

@@ -267,23 +267,13 @@ def test_a_chat_model_s_identity_names_its_weights_and_dtype():
 def test_auto_weights_are_int8_where_the_tile_kernel_runs_and_native_elsewhere(tiles, monkeypatch):
     monkeypatch.delenv(WEIGHTS_ENV_VAR, raising=False)
     monkeypatch.setattr(weights_module, "tiles_available", lambda: tiles)
-    monkeypatch.setattr(weights_module, "int8_kernel_vectorised", lambda: False)
     assert resolve_weights("auto", torch.bfloat16, "cpu") == ("int8" if tiles else "native")
-    assert resolve_weights("auto", torch.float32, "cpu") == "native"  # the tile kernel takes bfloat16 rows only
+    # the tile kernel takes bfloat16 rows; PyTorch's, with an fp32 model's rows in bf16, would make a row's result
+    # depend on how many rows its step has
+    assert resolve_weights("auto", torch.float32, "cpu") == "native"
     assert resolve_weights("auto", None, "cpu") == "native"  # the checkpoint's dtype: not known before loading
     assert resolve_weights("auto", torch.bfloat16, "cuda:0") == "native"  # the kernels are CPU kernels
     assert resolve_weights("int4", torch.bfloat16, "cpu") == "int4"  # a named form is taken as it is
-
-
-@pytest.mark.parametrize("capability", ["AVX2", "AVX512", "DEFAULT"])
-def test_auto_weights_are_int8_in_float32_where_pytorchs_int8_kernel_is_vectorised(capability, monkeypatch):
-    """Its float32 path is a scalar loop, its bfloat16 one vectorised for AVX2 and AVX-512 (the layer rounds an fp32
-    model's rows to bf16 for it): there int8 reads a quarter of float32's bytes (``benchmarks.probes.fp32_int8``)."""
-    monkeypatch.delenv(WEIGHTS_ENV_VAR, raising=False)
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    vectorised = capability != "DEFAULT"
-    assert resolve_weights("auto", torch.float32, "cpu") == ("int8" if vectorised else "native")
-    assert resolve_weights("auto", torch.float32, "cuda:0") == "native"  # the kernels are CPU kernels
 
 
 def test_polykv_weights_says_what_auto_means(monkeypatch):
@@ -301,7 +291,6 @@ def test_polykv_weights_says_what_auto_means(monkeypatch):
 def test_auto_and_the_form_it_means_share_one_loaded_copy(tiny_model_dir, monkeypatch):
     monkeypatch.delenv(WEIGHTS_ENV_VAR, raising=False)
     monkeypatch.setattr(weights_module, "tiles_available", lambda: True)
-    monkeypatch.setattr(weights_module, "int8_kernel_vectorised", lambda: False)  # fp32 stays native
     engine = Engine()
     model, _ = engine.load_model(tiny_model_dir, dtype="bfloat16")
     assert weights_of(model) == "int8"

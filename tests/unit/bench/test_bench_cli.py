@@ -46,8 +46,8 @@ def test_bench_agents_runs_on_a_tiny_model_and_its_json_renders(tiny_model_dir, 
     assert all(len(row["samples_tok_s"][m]) == 1 and row["rss_peak_bytes"][m] > 0 for m in methods)
     assert row["naive_rows_identical"] == 2  # fp32, greedy: the naive baseline decodes the runtime's tokens
     assert [p.name for p in out.iterdir()] == [f"agents_{row['context_tokens']}.json"]  # the defaults' file
-    # an fp32 tiny model: auto keeps the decoded prefix (the tile kernels take bf16), and int8 weights where
-    # PyTorch's int8 kernel is vectorised (resolve_weights)
+    # an fp32 tiny model: auto keeps the decoded prefix and the weights resolve_weights says (the tile kernels take
+    # bf16)
     weights = resolve_weights("auto", torch.float32, "cpu")
     assert (row["runtime"], row["weights"], row["defaults"]) == ("decompressed", weights, True)
     rendered = SUITES["agents"].render(out)
