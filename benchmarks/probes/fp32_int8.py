@@ -1,9 +1,11 @@
 """Probe: int8 weights in a float32 model, what ``dtype="auto"`` gives on a CPU without AVX-512 bf16 or AMX.
 
 PyTorch's int8 weight-only kernel (``_weight_int8pack_mm``) is vectorised for bfloat16 and float16 rows only: with
-float32 rows it runs a scalar loop. So :class:`~polykv_agents.model.quantized_linear.Int8Linear` in an fp32 model
-rounds its rows to bfloat16 for it, up to ``KERNEL_MAX_ROWS`` rows, and returns float32. In one process, on the
-embedded SmolLM2 in float32, this measures:
+float32 rows it runs a scalar loop. At eb30382 :class:`~polykv_agents.model.quantized_linear.Int8Linear` in an fp32
+model rounded its rows to bfloat16 for it, up to ``KERNEL_MAX_ROWS`` rows, and returned float32; that was reverted
+(a row's result then depended on its step's row count; docs/RUNTIME.md, "Which weights by default"), so the decode and
+perplexity figures measure whatever ``Int8Linear`` does at the commit that runs this. In one process, on the embedded
+SmolLM2 in float32, this measures:
 
 - **one decode step's products** (every linear layer of the model in turn, its own weights, so they come from memory
   as in a step), median ms for ``--rows``: the float32 weights (``F.linear``, oneDNN), the int8 kernel with float32

@@ -79,21 +79,18 @@ QUANTIZE_ROWS = 4096
 output head, 49,152 x 576, passed through three of 108 MiB at once, the load's peak RSS)."""
 
 
-def quantize_rows_int8(
-    weight: torch.Tensor, scale_dtype: torch.dtype | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 codes for ``weight [N, K]``, one scale per row: ``(codes [N, K] int8, scales [N])``, the scales
-    in ``scale_dtype`` (``weight``'s dtype by default); :data:`QUANTIZE_ROWS` rows at a time."""
-    scale_dtype = scale_dtype or weight.dtype
+    in ``weight``'s dtype; :data:`QUANTIZE_ROWS` rows at a time."""
     codes = torch.empty(weight.shape, dtype=torch.int8)
-    scales = torch.empty(weight.shape[0], dtype=scale_dtype)
+    scales = torch.empty(weight.shape[0], dtype=weight.dtype)
     for start in range(0, weight.shape[0], QUANTIZE_ROWS):
         rows = slice(start, start + QUANTIZE_ROWS)
         full = weight[rows].float()
         # The smallest normal number of the stored dtype: an all-zero row (pruned, padding) needs a scale that
         # survives the cast, or its codes would be 0 / 0.
-        row_scales = (full.abs().amax(dim=1) / 127).clamp_min(torch.finfo(scale_dtype).tiny)
-        row_scales = row_scales.to(scale_dtype).float()  # the codes are chosen against the scale that is stored
+        row_scales = (full.abs().amax(dim=1) / 127).clamp_min(torch.finfo(weight.dtype).tiny)
+        row_scales = row_scales.to(weight.dtype).float()  # the codes are chosen against the scale that is stored
         codes[rows] = torch.round(full / row_scales[:, None]).clamp(-127, 127)  # whole numbers: cast exactly
         scales[rows] = row_scales
     return codes, scales
@@ -103,22 +100,14 @@ class Int8Linear(_QuantizedLinear):
     """A linear layer with symmetric int8 weights, one scale per output channel.
 
     Buffers: ``qweight`` the int8 codes, ``[N, K]``, or where the tile kernel runs (a bfloat16 model on a CPU with
-    AMX tiles, :attr:`tiled`) in its layout (:mod:`~polykv_agents.model.int8_tiles`); ``scales [N]`` in
-    :attr:`compute_dtype`, float32 when tiled (the same values: the kernel scales its float sums).
-
-    :attr:`compute_dtype` is the model's dtype, or bfloat16 in a float32 model: ``_weight_int8pack_mm`` is vectorised
-    for bfloat16 and float16 rows only, and with float32 rows it took 8-50x as long as with the same rows in
-    bfloat16 (one row to 16, SmolLM2's projections and output head, on an AVX-512 CPU without AMX or AVX-512 bf16).
-    So up to :data:`KERNEL_MAX_ROWS` rows an fp32 model's layer rounds its rows to bfloat16 and returns float32, as
-    :class:`Int4Linear` does; its scales are chosen in bfloat16, so the weight it represents is one weight for both
-    products.
+    AMX tiles, :attr:`tiled`) in its layout (:mod:`~polykv_agents.model.int8_tiles`); ``scales [N]`` in the
+    model's dtype, float32 when tiled (the same values: the kernel scales its float sums).
     """
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__(linear)
         weight = linear.weight.detach()
-        self.compute_dtype = torch.bfloat16 if weight.dtype == torch.float32 else weight.dtype
-        codes, scales = quantize_rows_int8(weight, self.compute_dtype)
+        codes, scales = quantize_rows_int8(weight)
         self.tiled = weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and tiles_available()
         self.register_buffer("qweight", pack(codes) if self.tiled else codes)
         self.register_buffer("scales", scales.float() if self.tiled else scales)
@@ -130,11 +119,10 @@ class Int8Linear(_QuantizedLinear):
     def _matmul(self, rows: torch.Tensor) -> torch.Tensor:
         if self.tiled and rows.dtype == torch.bfloat16:  # first: 211 calls a step, nothing else to do
             return tile_matmul(rows, self.qweight, self.scales)
+        scales = self.scales.to(rows.dtype)
         if not self.tiled and rows.shape[0] <= KERNEL_MAX_ROWS:
-            dtype = torch.bfloat16 if rows.dtype == torch.float32 else rows.dtype  # see the class's notes
-            out = torch.ops.aten._weight_int8pack_mm(rows.to(dtype), self.qweight, self.scales.to(dtype))
-            return out.to(rows.dtype)
-        return nn.functional.linear(rows, self.codes().to(rows.dtype)) * self.scales.to(rows.dtype)
+            return torch.ops.aten._weight_int8pack_mm(rows, self.qweight, scales)
+        return nn.functional.linear(rows, self.codes().to(rows.dtype)) * scales
 
 
 class Int4Linear(_QuantizedLinear):

@@ -80,11 +80,12 @@ def resolve_weights(weights: object, dtype: torch.dtype | None, device: torch.de
     items in 70, measured before the embedding read int8 codes (``benchmarks/results/issue42/weights_tasks``;
     docs/RUNTIME.md, "Which weights by default"); and a row's result does not depend on the other rows of its step.
     Without it, PyTorch's int8 kernel is slower than bfloat16 above a few rows, so a bfloat16 model keeps its
-    weights. A float32 model (a CPU without AVX-512 bf16 or AMX) keeps them too, although int8 decodes 9-19% faster
-    there with a quarter of the bytes (``benchmarks/results/issue42/fp32_int8.json``): its products of up to 16 rows
-    round to bfloat16 and those of more rows do not, so calls answered together would not always answer as alone
-    (45 of 200 concurrent calls differed from the same calls alone in the load-and-soak test). ``weights="int8"``
-    takes it where that matters less than speed and memory.
+    weights. A float32 model (a CPU without AVX-512 bf16 or AMX) keeps them too: PyTorch's int8 kernel runs a scalar
+    loop on float32 rows (63 against 20 ms for one step's products at one row,
+    ``benchmarks/results/issue42/fp32_int8.json``). Its rows rounded to bfloat16 made int8 decode 9-19% faster there
+    (eb30382), but a row's result then depended on the row count of its step (45 of 200 concurrent calls answered
+    differently from the same calls alone) and the int4 model's answer on the real model changed; that path was
+    reverted (docs/RUNTIME.md, "Which weights by default").
 
     Raises:
         ValueError: An unknown name, here or in ``POLYKV_WEIGHTS``.

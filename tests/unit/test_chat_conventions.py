@@ -190,14 +190,11 @@ def test_configurable_fields_set_a_setting_per_run(tiny_model_dir):
 
 
 def test_logprobs_report_each_answer_tokens_log_probability_in_chatopenais_form(tiny_model_dir):
-    """Without a pool the prompt is the whole input, so the first token's logprobs are a plain forward's (native
-    weights: an fp32 model's int8 products round their rows to bf16, and more than 16 rows do not)."""
-    model, tokenizer = load_model(tiny_model_dir, weights="native")
+    """Without a pool the prompt is the whole input, so the first token's logprobs are a plain forward's."""
+    model, tokenizer = load_model(tiny_model_dir)
     from polykv_agents.chat.messages import to_chat_messages
 
-    chat = ChatPolyKV(
-        model=tiny_model_dir, weights="native", max_tokens=6, ignore_eos=True, logprobs=True, top_logprobs=3
-    )
+    chat = ChatPolyKV(model=tiny_model_dir, max_tokens=6, ignore_eos=True, logprobs=True, top_logprobs=3)
     reply = chat.invoke(MESSAGES)
     content = reply.response_metadata["logprobs"]["content"]
     assert len(content) == reply.usage_metadata["output_tokens"] == 6
@@ -227,15 +224,11 @@ def test_logprobs_are_per_row_in_the_batched_runtime_and_are_the_models_not_the_
 
     from polykv_agents import SharedKVPool
 
-    # Native weights: an fp32 model's int8 products round their rows to bf16 up to 16 rows and not above, so the
-    # private runtime's prompt prefill and the batched one's chunks would differ by more than the tolerance.
-    model, tokenizer = load_model(tiny_model_dir, weights="native")
+    model, tokenizer = load_model(tiny_model_dir)
     pool = SharedKVPool.prefill(
         model, tokenizer, [{"role": "user", "content": "Values use a three-bit codebook. " * 8}]
     )
-    chat = ChatPolyKV(
-        model=tiny_model_dir, weights="native", max_tokens=8, ignore_eos=True, logprobs=True, top_logprobs=1
-    )
+    chat = ChatPolyKV(model=tiny_model_dir, max_tokens=8, ignore_eos=True, logprobs=True, top_logprobs=1)
     chat = chat.with_pool(pool)
     settings = [{}, {"repetition_penalty": 1.8}, {"logprobs": False}]
 
