@@ -29,7 +29,8 @@ def assert_every_suite_is_a_command(app: typer.Typer, prefix: Sequence[str], sui
     assert listed.exit_code == 0, listed.output
     for name, suite in suites.items():
         assert f" {name} " in listed.output, name
-        result = runner.invoke(app, [*prefix, name, "--help"], terminal_width=200)
+        # Wide enough for every flag in full: a switch takes two columns (--x and --no-x), and rich reads COLUMNS.
+        result = runner.invoke(app, [*prefix, name, "--help"], terminal_width=200, env={"COLUMNS": "200"})
         assert result.exit_code == 0, result.output
         missing = [flag for flag in (*_flags(suite), "--out", "--json") if flag not in result.output]
         assert not missing, (name, missing)

@@ -67,7 +67,10 @@ def _cli_type(annotation: Any) -> Any:
 def _option(name: str, field: FieldInfo) -> inspect.Parameter:
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
     flag = str(extra.get("flag", "--" + name.replace("_", "-")))
-    annotation = Annotated[_cli_type(field.annotation), typer.Option(flag, help=field.description)]
+    cli_type = _cli_type(field.annotation)
+    if cli_type is bool:  # a switch either way: one that defaults to on must be able to go off
+        flag = f"{flag}/--no-{flag.removeprefix('--')}"
+    annotation = Annotated[cli_type, typer.Option(flag, help=field.description)]
     default = inspect.Parameter.empty if field.is_required() else field.get_default(call_default_factory=True)
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 

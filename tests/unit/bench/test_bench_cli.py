@@ -105,3 +105,36 @@ def test_bench_serve_runs_workflows_at_once_and_one_after_another_with_equal_wor
     assert all(r["rss_peak_bytes"] > 0 and r["latency_p95_s"] >= r["latency_p50_s"] > 0 for r in rows)
     rendered = SUITES["serve"].render(out)
     assert rendered is not None and "| 2 | in process, at once |" in "\n".join(rendered.results)
+
+
+def test_a_switch_that_defaults_to_on_can_be_turned_off(tmp_path):
+    """Every bool option is a pair, ``--x/--no-x`` (``python -m benchmarks peers --reset-baseline`` could not be
+    turned off)."""
+    import typer
+
+    from polykv_agents.bench.suite import SuiteOptions
+    from polykv_agents.cli.bench import suite_command
+
+    class Options(SuiteOptions):
+        reset_baseline: bool = True
+        """A switch on by default."""
+
+    seen = []
+
+    class Switches:
+        name, summary, options, reproduce = "switches", "A suite of one switch.", Options, ((),)
+
+        def run(self, options, progress):
+            seen.append(options.reset_baseline)
+            return options
+
+        def write(self, result, out_dir):
+            return []
+
+    switches = typer.Typer()
+    switches.command("switches")(suite_command(Switches()))
+    switches.command("other")(lambda: None)  # two commands: typer keeps the name
+    for arguments, expected in (([], True), (["--no-reset-baseline"], False), (["--reset-baseline"], True)):
+        result = runner.invoke(switches, ["switches", *arguments, "--out", str(tmp_path)])
+        assert result.exit_code == 0, result.output
+        assert seen.pop() is expected
