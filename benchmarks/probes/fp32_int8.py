@@ -9,12 +9,12 @@ SmolLM2 in float32, this measures:
 
 - **one decode step's products** (every linear layer of the model in turn, its own weights, so they come from memory
   as in a step), median ms for ``--rows``: the float32 weights (``F.linear``, oneDNN), the int8 kernel with float32
-  rows, and with the rows in bfloat16 (what ``Int8Linear`` runs);
+  rows (what ``Int8Linear`` runs), and with the rows in bfloat16 (what it ran at eb30382);
 - **decode tokens/s** of 1 and 15 agents over one ``--context``-token pool, native weights against int8, alternating
   (A B A B, each in a fresh engine, a warm-up run then ``--reps`` timed runs; 32 tokens per agent, EOS ignored);
 - **perplexity** of ``--documents`` pydoc_data.topics documents of ``--tokens`` tokens, native against int8, fed 16
-  tokens per forward over a cache (each product on the decode path, bfloat16 rows) and in one forward (more than 16
-  rows: the weight widened to float32); the interval is over documents;
+  tokens per forward over a cache (each product on the kernel's path) and in one forward (more than 16 rows: the
+  weight widened to float32); the interval is over documents;
 - the weights' bytes (each storage once).
 
     python -m benchmarks.probes.fp32_int8 --out benchmarks/results/issue42/fp32_int8.json
