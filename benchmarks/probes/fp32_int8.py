@@ -3,18 +3,22 @@
 PyTorch's int8 weight-only kernel (``_weight_int8pack_mm``) is vectorised for bfloat16 and float16 rows only: with
 float32 rows it runs a scalar loop. At eb30382 :class:`~polykv_agents.model.quantized_linear.Int8Linear` in an fp32
 model rounded its rows to bfloat16 for it, up to ``KERNEL_MAX_ROWS`` rows, and returned float32; that was reverted
-(a row's result then depended on its step's row count; docs/RUNTIME.md, "Which weights by default"), so the decode and
-perplexity figures measure whatever ``Int8Linear`` does at the commit that runs this. In one process, on the embedded
-SmolLM2 in float32, this measures:
+(a row's result then depended on its step's row count; docs/RUNTIME.md, "Which weights by default"). Since then, on a
+CPU with AVX-512, ``Int8Linear`` in an fp32 model runs the native kernel's vector path
+(:func:`~polykv_agents.model.int8_tiles.vector_matmul`: float32 rows, each output one chain over the inputs, so a row's
+result does not depend on its step). The decode and perplexity figures measure whatever ``Int8Linear`` does at the
+commit that runs this. In one process, on the embedded SmolLM2 in float32, this measures:
 
 - **one decode step's products** (every linear layer of the model in turn, its own weights, so they come from memory
-  as in a step), median ms for ``--rows``: the float32 weights (``F.linear``, oneDNN), the int8 kernel with float32
-  rows (what ``Int8Linear`` runs), and with the rows in bfloat16 (what it ran at eb30382);
+  as in a step), median ms for ``--rows``: the float32 weights (``F.linear``, oneDNN), the native kernel's vector
+  path (where built), PyTorch's int8 kernel with float32 rows and with the rows in bfloat16 (what ``Int8Linear`` ran
+  at eb30382; up to :data:`PYTORCH_KERNEL_MAX_ROWS` rows: with float32 rows its scalar loop takes seconds a step
+  beyond);
 - **decode tokens/s** of 1 and 15 agents over one ``--context``-token pool, native weights against int8, alternating
   (A B A B, each in a fresh engine, a warm-up run then ``--reps`` timed runs; 32 tokens per agent, EOS ignored);
 - **perplexity** of ``--documents`` pydoc_data.topics documents of ``--tokens`` tokens, native against int8, fed 16
-  tokens per forward over a cache (each product on the kernel's path) and in one forward (more than 16 rows: the
-  weight widened to float32); the interval is over documents;
+  tokens per forward over a cache (a decode step's row counts) and in one forward (a prefill's: where the native
+  kernel does not run, the weight widened to float32); the interval is over documents;
 - the weights' bytes (each storage once).
 
     python -m benchmarks.probes.fp32_int8 --out benchmarks/results/issue42/fp32_int8.json
@@ -37,9 +41,14 @@ from torch import nn
 from benchmarks.probes.int8_matmul import _linears, _per_row_int8
 from benchmarks.probes.rss_census import _weights_nbytes
 from polykv_agents.bench.stats import mean_interval, median_call_seconds
+from polykv_agents.model.int8_tiles import pack, vector_matmul, vectors_available
 
 DECODE_ROWS = 16
-"""Tokens per forward on the decode path: ``KERNEL_MAX_ROWS``, the most rows ``Int8Linear`` sends to the kernel."""
+"""Tokens per forward on the decode path: ``KERNEL_MAX_ROWS``, the most rows ``Int8Linear`` sends to PyTorch's kernel
+(where the native kernel does not run)."""
+
+PYTORCH_KERNEL_MAX_ROWS = 16
+"""The most rows PyTorch's int8 kernel is timed at (its float32 rows take 1.2 s a step at 15 rows)."""
 
 
 def step_products(weights: list[torch.Tensor], rows: int, reps: int) -> dict[str, float]:
@@ -49,16 +58,20 @@ def step_products(weights: list[torch.Tensor], rows: int, reps: int) -> dict[str
     bf16_scales = [s.bfloat16() for s in flat]
     gen = torch.Generator().manual_seed(rows)
     xs = [torch.randn(rows, w.shape[1], generator=gen) for w in weights]
-    formats = {
-        "float32": lambda: [nn.functional.linear(x, w) for x, w in zip(xs, weights, strict=True)],
-        "int8 kernel, float32 rows": lambda: [
+    formats = {"float32": lambda: [nn.functional.linear(x, w) for x, w in zip(xs, weights, strict=True)]}
+    if vectors_available():
+        packed = [pack(c) for c in codes]
+        formats["native kernel, vector path"] = lambda: [
+            vector_matmul(x, p, s) for x, p, s in zip(xs, packed, flat, strict=True)
+        ]
+    if rows <= PYTORCH_KERNEL_MAX_ROWS:
+        formats["int8 kernel, float32 rows"] = lambda: [
             torch._weight_int8pack_mm(x, c, s) for x, c, s in zip(xs, codes, flat, strict=True)
-        ],
-        "int8 kernel, bfloat16 rows": lambda: [
+        ]
+        formats["int8 kernel, bfloat16 rows"] = lambda: [
             torch._weight_int8pack_mm(x.bfloat16(), c, s).float()
             for x, c, s in zip(xs, codes, bf16_scales, strict=True)
-        ],
-    }
+        ]
     return {name: median_call_seconds(run, reps, warmups=2) * 1e3 for name, run in formats.items()}
 
 
@@ -130,7 +143,7 @@ def decode_rates(models: dict, context: int, agents: int, reps: int) -> dict[str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 15, 16])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 15, 16, 64, 512])
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--reps", type=int, default=2, help="timed decode runs per round (two rounds)")
     parser.add_argument("--product-reps", type=int, default=15)
@@ -155,6 +168,7 @@ def main() -> None:
             "dtype": "float32",
             "threads": torch.get_num_threads(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "native_vector_path": vectors_available(),
             "context_tokens": args.context,
             "decode_reps": args.reps,
             "product_reps": args.product_reps,

@@ -1,4 +1,5 @@
-"""int8 weights laid out for the native kernel ``int8_linear`` (AMX tiles), which reads them once per product.
+"""int8 weights laid out for the native kernel ``int8_linear``, which reads them once per product: on AMX tiles for
+bfloat16 rows, with AVX-512 vectors for float32 rows.
 
 PyTorch's ``_weight_int8pack_mm`` reads the weight matrix again for every few rows. The kernel widens each int8
 code to bfloat16 in a tile's scratch and multiplies it with every row at once. One decode step's 211 products of
@@ -14,6 +15,14 @@ an agent's tokens are the same whether it decodes alone or beside 15 others.
 
 A prefill chunk runs through it too: a column block's codes are widened once and multiplied with every 16 rows
 (the weights suite, ``python -m benchmarks weights``, times the prefill with each weight format).
+
+**Float32 rows** (a model in float32: a CPU without AVX-512 bf16 or AMX, where ``dtype="auto"`` is float32) take the
+kernel's vector path, :func:`vector_matmul`, on any CPU with AVX-512: the same layout, each code widened to float32
+in registers (up to 6 rows) or once per column block into a scratch in the core's cache (more rows), and every
+output summed by fused multiply-adds over the inputs in their order. So a row's result is the same bits alone or
+beside any other rows, which PyTorch's int8 kernel is not fast enough to give on float32 rows (a scalar loop) and
+bfloat16-rounded rows did not give (docs/RUNTIME.md, "Which weights by default"). It computes the dequantized
+weight's product in float32 (the activations are not quantized).
 
 The layout (``[N_pad / 64, K_pad / 32, 4, 16, 16, 2]``, ``polykv_agents/kernels/int8_linear.cpp``) replaces the
 ``[N, K]`` codes: :class:`~polykv_agents.model.quantized_linear.Int8Linear` keeps one copy of them.
@@ -37,6 +46,21 @@ def tiles_available() -> bool:
     """Whether the kernel is built, this CPU has AMX bfloat16 tiles granted by the OS, and ``POLYKV_AGENTS_TILES``
     does not switch them off. Decided when a layer is quantized: its weights are stored in the kernel's layout."""
     return kernel_tiles_available("int8_linear")
+
+
+def vectors_available() -> bool:
+    """Whether the kernel is built with its vector path (a CPU with AVX-512): float32 rows x int8 codes."""
+    kernel = native_kernel("int8_linear")
+    return kernel is not None and kernel.vectors_available()
+
+
+def kernel_runs(dtype: torch.dtype, device: torch.device | str) -> bool:
+    """Whether the kernel multiplies rows of ``dtype`` on ``device`` here: bfloat16 on AMX tiles
+    (:func:`tiles_available`) or float32 with AVX-512 (:func:`vectors_available`), on the CPU. Decided when a layer is
+    quantized: its codes are then stored in the kernel's layout."""
+    if torch.device(device).type != "cpu":
+        return False
+    return (dtype == torch.bfloat16 and tiles_available()) or (dtype == torch.float32 and vectors_available())
 
 
 def pack(codes: torch.Tensor) -> torch.Tensor:
@@ -73,6 +97,14 @@ def tile_matmul(rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) 
     return _kernel().int8_linear(rows, packed, scales)
 
 
+def vector_matmul(rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``rows [M, K]`` float32 times the weights ``packed`` codes x ``scales [N]`` (float32): ``[M, N]`` float32, the
+    kernel's vector path (eager calls go straight to it, as in :func:`tile_matmul`)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.polykv.int8_linear_float(rows, packed, scales)
+    return _kernel().int8_linear_float(rows, packed, scales)
+
+
 @functools.cache
 def _kernel():
     """The built kernel, looked up once: a layer stored in its layout needs it whatever the switches say later."""
@@ -85,5 +117,15 @@ def _int8_linear(rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor)
 
 
 @_int8_linear.register_fake
+def _(rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return rows.new_empty(rows.shape[0], scales.shape[0])
+
+
+@torch.library.custom_op("polykv::int8_linear_float", mutates_args=())
+def _int8_linear_float(rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return _kernel().int8_linear_float(rows, packed, scales)
+
+
+@_int8_linear_float.register_fake
 def _(rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return rows.new_empty(rows.shape[0], scales.shape[0])

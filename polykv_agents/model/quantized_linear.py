@@ -15,7 +15,9 @@ prefill chunk) slower. So:
 - :class:`Int8Linear`, in a bfloat16 model on a CPU with AMX tiles, stores its codes in the layout of the native
   kernel ``int8_linear`` (:mod:`~polykv_agents.model.int8_tiles`), which reads each weight once for up to 16 rows:
   one step's products of the embedded model took 10.1 ms at 1 row and 10.7 at 15 against 12.3 and 45.9 ms with
-  ``_weight_int8pack_mm``, whose cost grows by a pass over the weights every 4 rows (the int8 probe, below).
+  ``_weight_int8pack_mm``, whose cost grows by a pass over the weights every 4 rows (the int8 probe, below). In a
+  float32 model on a CPU with AVX-512 it stores them in the same layout for the kernel's vector path (float32 rows,
+  :func:`~polykv_agents.model.int8_tiles.vector_matmul`; ``benchmarks.probes.fp32_int8`` measures it).
   Elsewhere it uses ``_weight_int8pack_mm`` up to :data:`KERNEL_MAX_ROWS` rows. Above that (a prefill chunk) it
   widens the weight to the activations' dtype for an ordinary matrix product, which reads the weight once for
   hundreds of rows;
@@ -37,7 +39,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from polykv_agents.model.int8_tiles import pack, tile_matmul, tiles_available, unpack
+from polykv_agents.model.int8_tiles import kernel_runs, pack, tile_matmul, unpack, vector_matmul
 
 KERNEL_MAX_ROWS = 16
 """Up to this many rows, an :class:`Int8Linear` without the tile kernel runs ``_weight_int8pack_mm``; above, it
@@ -99,16 +101,18 @@ def quantize_rows_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 class Int8Linear(_QuantizedLinear):
     """A linear layer with symmetric int8 weights, one scale per output channel.
 
-    Buffers: ``qweight`` the int8 codes, ``[N, K]``, or where the tile kernel runs (a bfloat16 model on a CPU with
-    AMX tiles, :attr:`tiled`) in its layout (:mod:`~polykv_agents.model.int8_tiles`); ``scales [N]`` in the
-    model's dtype, float32 when tiled (the same values: the kernel scales its float sums).
+    Buffers: ``qweight`` the int8 codes, ``[N, K]``, or where the native kernel runs (:attr:`tiled`: a bfloat16
+    model on a CPU with AMX tiles, or a float32 one on a CPU with AVX-512,
+    :func:`~polykv_agents.model.int8_tiles.kernel_runs`) in its layout (:mod:`~polykv_agents.model.int8_tiles`);
+    ``scales [N]`` in the model's dtype, float32 when tiled (the same values: the kernel scales its float sums).
     """
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__(linear)
         weight = linear.weight.detach()
         codes, scales = quantize_rows_int8(weight)
-        self.tiled = weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and tiles_available()
+        self.tiled = kernel_runs(weight.dtype, weight.device)
+        self.kernel_dtype = weight.dtype  # the rows the kernel takes: bfloat16 on its tiles, float32 on its vectors
         self.register_buffer("qweight", pack(codes) if self.tiled else codes)
         self.register_buffer("scales", scales.float() if self.tiled else scales)
 
@@ -117,8 +121,9 @@ class Int8Linear(_QuantizedLinear):
         return unpack(self.qweight, self.out_features, self.in_features) if self.tiled else self.qweight
 
     def _matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        if self.tiled and rows.dtype == torch.bfloat16:  # first: 211 calls a step, nothing else to do
-            return tile_matmul(rows, self.qweight, self.scales)
+        if self.tiled and rows.dtype == self.kernel_dtype:  # first: 211 calls a step, nothing else to do
+            matmul = tile_matmul if rows.dtype == torch.bfloat16 else vector_matmul
+            return matmul(rows, self.qweight, self.scales)
         scales = self.scales.to(rows.dtype)
         if not self.tiled and rows.shape[0] <= KERNEL_MAX_ROWS:
             return torch.ops.aten._weight_int8pack_mm(rows, self.qweight, scales)

@@ -101,8 +101,7 @@ def test_a_bfloat16_layer_stores_one_copy_in_the_tile_layout_and_computes_with_i
     torch.testing.assert_close(prefill.float(), dense, rtol=2**-7, atol=1e-2)  # the bias added in bfloat16
 
 
-def test_fp32_layers_and_the_tiles_switch_keep_the_plain_layout(tiles, monkeypatch):
-    assert not Int8Linear(nn.Linear(64, 64)).tiled  # the kernel takes bfloat16 activations only
+def test_the_tiles_switch_keeps_a_bfloat16_layer_in_the_plain_layout(tiles, monkeypatch):
     monkeypatch.setenv("POLYKV_AGENTS_TILES", "0")
     layer = Int8Linear(nn.Linear(64, 64).bfloat16())
     assert not layer.tiled and layer.qweight.shape == (64, 64) and layer.scales.dtype == torch.bfloat16
