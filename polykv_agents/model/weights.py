@@ -30,7 +30,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from polykv_agents.model.heap import release_free_heap
-from polykv_agents.model.int8_tiles import tiles_available
+from polykv_agents.model.int8_tiles import kernel_runs
 from polykv_agents.model.mapped_pages import file_mappings, release_mapped_pages
 from polykv_agents.model.quantized_embedding import Int8Embedding
 from polykv_agents.model.quantized_linear import Int4Linear, Int8Linear, int4_supported
@@ -72,20 +72,17 @@ def check_weights_choice(weights: object, name: str = "weights") -> str:
 def resolve_weights(weights: object, dtype: torch.dtype | None, device: torch.device | str) -> Weights:
     """The stored form ``weights`` means for a model in ``dtype`` on ``device``.
 
-    ``auto``: ``$POLYKV_WEIGHTS`` where it is set; else ``int8`` where the int8 tile kernel runs (a bfloat16 model
-    on a CPU with AMX tiles, :func:`~polykv_agents.model.int8_tiles.tiles_available`), else ``native``. With the
-    kernel, int8 weights decode faster than the native ones for 1 to 16 agents, make the process smaller and
-    change perplexity by +0.13% [-0.12, +0.38], the int8 input embedding included
-    (``benchmarks/results/issue42/int8_matmul_embedding.json``), and task scores on two model families by at most 2
-    items in 70, measured before the embedding read int8 codes (``benchmarks/results/issue42/weights_tasks``;
-    docs/RUNTIME.md, "Which weights by default"); and a row's result does not depend on the other rows of its step.
-    Without it, PyTorch's int8 kernel is slower than bfloat16 above a few rows, so a bfloat16 model keeps its
-    weights. A float32 model (a CPU without AVX-512 bf16 or AMX) keeps them too: PyTorch's int8 kernel runs a scalar
-    loop on float32 rows (63 against 20 ms for one step's products at one row,
-    ``benchmarks/results/issue42/fp32_int8.json``). Its rows rounded to bfloat16 made int8 decode 9-19% faster there
-    (eb30382), but a row's result then depended on the row count of its step (45 of 200 concurrent calls answered
-    differently from the same calls alone) and the int4 model's answer on the real model changed; that path was
-    reverted (docs/RUNTIME.md, "Which weights by default").
+    ``auto``: ``$POLYKV_WEIGHTS`` where it is set; else ``int8`` where the native int8 kernel runs
+    (:func:`~polykv_agents.model.int8_tiles.kernel_runs`: a bfloat16 model on a CPU with AMX tiles, or a float32 model
+    on a CPU with AVX-512), else ``native``. On the tiles, int8 weights decode faster than the native ones for 1 to 16
+    agents, make the process smaller and change perplexity by +0.13% [-0.12, +0.38], the int8 input embedding
+    included (``benchmarks/results/issue42/int8_matmul_embedding.json``), and task scores on two model families by at
+    most 2 items in 70, measured before the embedding read int8 codes (``benchmarks/results/issue42/weights_tasks``;
+    docs/RUNTIME.md, "Which weights by default"). In float32, the kernel's vector path took one step's products in
+    about half the time of the float32 weights at 1 to 16 rows, a quarter of the weights' bytes
+    (``benchmarks/results/issue42/fp32_int8.json``; docs/RUNTIME.md, the same section). On both paths a row's result
+    does not depend on the other rows of its step. Without the kernel, PyTorch's int8 kernel is slower than
+    bfloat16 above a few rows and runs a scalar loop on float32 rows, so the model keeps its weights.
 
     Raises:
         ValueError: An unknown name, here or in ``POLYKV_WEIGHTS``.
@@ -95,8 +92,7 @@ def resolve_weights(weights: object, dtype: torch.dtype | None, device: torch.de
     pinned = os.environ.get(WEIGHTS_ENV_VAR, "").strip()
     if pinned and check_weights_choice(pinned, WEIGHTS_ENV_VAR) != "auto":
         return pinned  # type: ignore[return-value]
-    on_tiles = dtype == torch.bfloat16 and torch.device(device).type == "cpu" and tiles_available()
-    return "int8" if on_tiles else "native"
+    return "int8" if dtype is not None and kernel_runs(dtype, device) else "native"
 
 
 def weights_of(model: PreTrainedModel) -> Weights:

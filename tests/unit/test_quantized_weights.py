@@ -12,6 +12,7 @@ from tiny_models import assert_pairwise_distinct, tiny_causal_lm, tiny_gemma3, t
 from torch import nn
 
 from polykv_agents import ChatPolyKV, Engine, PooledAgent, SharedKVPool
+from polykv_agents.model import int8_tiles
 from polykv_agents.model import weights as weights_module
 from polykv_agents.model.fingerprint import WEIGHT_SAMPLE_ELEMENTS, model_fingerprint
 from polykv_agents.model.quantized_embedding import Int8Embedding
@@ -255,18 +256,23 @@ def test_a_chat_model_s_identity_names_its_weights_and_dtype():
 
 
 @pytest.mark.parametrize("tiles", [True, False])
-def test_auto_weights_are_int8_where_the_tile_kernel_runs_and_native_elsewhere(tiles, monkeypatch):
+@pytest.mark.parametrize("vectors", [True, False])
+def test_auto_weights_are_int8_where_the_native_kernel_runs_and_native_elsewhere(tiles, vectors, monkeypatch):
+    """The kernel's tiles take bfloat16 rows, its vector path float32 rows; both on the CPU only."""
     monkeypatch.delenv(WEIGHTS_ENV_VAR, raising=False)
-    monkeypatch.setattr(weights_module, "tiles_available", lambda: tiles)
+    monkeypatch.setattr(int8_tiles, "tiles_available", lambda: tiles)
+    monkeypatch.setattr(int8_tiles, "vectors_available", lambda: vectors)
     assert resolve_weights("auto", torch.bfloat16, "cpu") == ("int8" if tiles else "native")
-    assert resolve_weights("auto", torch.float32, "cpu") == "native"  # the kernel takes bfloat16 rows only
+    assert resolve_weights("auto", torch.float32, "cpu") == ("int8" if vectors else "native")
+    assert resolve_weights("auto", torch.float16, "cpu") == "native"  # neither path takes float16 rows
     assert resolve_weights("auto", None, "cpu") == "native"  # the checkpoint's dtype: not known before loading
     assert resolve_weights("auto", torch.bfloat16, "cuda:0") == "native"  # the kernels are CPU kernels
+    assert resolve_weights("auto", torch.float32, "cuda:0") == "native"
     assert resolve_weights("int4", torch.bfloat16, "cpu") == "int4"  # a named form is taken as it is
 
 
 def test_polykv_weights_says_what_auto_means(monkeypatch):
-    monkeypatch.setattr(weights_module, "tiles_available", lambda: True)
+    monkeypatch.setattr(weights_module, "kernel_runs", lambda dtype, device: True)
     monkeypatch.setenv(WEIGHTS_ENV_VAR, "native")
     assert resolve_weights("auto", torch.bfloat16, "cpu") == "native"
     assert resolve_weights("int8", torch.bfloat16, "cpu") == "int8"  # a named form wins over the variable
@@ -279,7 +285,7 @@ def test_polykv_weights_says_what_auto_means(monkeypatch):
 
 def test_auto_and_the_form_it_means_share_one_loaded_copy(tiny_model_dir, monkeypatch):
     monkeypatch.delenv(WEIGHTS_ENV_VAR, raising=False)
-    monkeypatch.setattr(weights_module, "tiles_available", lambda: True)
+    monkeypatch.setattr(weights_module, "kernel_runs", lambda dtype, device: dtype == torch.bfloat16)
     engine = Engine()
     model, _ = engine.load_model(tiny_model_dir, dtype="bfloat16")
     assert weights_of(model) == "int8"

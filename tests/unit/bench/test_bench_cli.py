@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from polykv_agents.bench.registry import SUITES
 from polykv_agents.cli.main import app
+from polykv_agents.model.int8_tiles import vectors_available
 
 RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
 runner = CliRunner()
@@ -44,10 +45,12 @@ def test_bench_agents_runs_on_a_tiny_model_and_its_json_renders(tiny_model_dir, 
     assert all(len(row["samples_tok_s"][m]) == 1 and row["rss_peak_bytes"][m] > 0 for m in methods)
     assert row["naive_rows_identical"] == 2  # fp32, greedy: the naive baseline decodes the runtime's tokens
     assert [p.name for p in out.iterdir()] == [f"agents_{row['context_tokens']}.json"]  # the defaults' file
-    # an fp32 tiny model: auto keeps the decoded prefix and the native weights (the tile kernels take bf16)
-    assert (row["runtime"], row["weights"], row["defaults"]) == ("decompressed", "native", True)
+    # an fp32 tiny model: auto keeps the decoded prefix (the tile kernels take bf16), and int8 weights where the int8
+    # kernel's vector path runs (AVX-512), the native ones elsewhere
+    weights = "int8" if vectors_available() else "native"
+    assert (row["runtime"], row["weights"], row["defaults"]) == ("decompressed", weights, True)
     rendered = SUITES["agents"].render(out)
-    assert rendered is not None and f"| {row['context_tokens']} | decompressed | native (default) |" in "\n".join(
+    assert rendered is not None and f"| {row['context_tokens']} | decompressed | {weights} (default) |" in "\n".join(
         rendered.results
     )
     assert "agents" in rendered.blocks  # the README's table: the defaults' rows
