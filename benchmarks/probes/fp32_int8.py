@@ -13,7 +13,8 @@ commit that runs this. In one process, on the embedded SmolLM2 in float32, this 
   as in a step), median ms for ``--rows``: the float32 weights (``F.linear``, oneDNN), the native kernel's vector
   path (where built), PyTorch's int8 kernel with float32 rows and with the rows in bfloat16 (what ``Int8Linear`` ran
   at eb30382; up to :data:`PYTORCH_KERNEL_MAX_ROWS` rows: with float32 rows its scalar loop takes seconds a step
-  beyond);
+  beyond); with ``--avx2``, also the vector path built for AVX2 only (what a CPU without AVX-512 runs: the same
+  bits, 8 columns an instruction instead of 16);
 - **decode tokens/s** of 1 and 15 agents over one ``--context``-token pool, native weights against int8, alternating
   (A B A B, each in a fresh engine, a warm-up run then ``--reps`` timed runs; 32 tokens per agent, EOS ignored);
 - **perplexity** of ``--documents`` pydoc_data.topics documents of ``--tokens`` tokens, native against int8, fed 16
@@ -22,6 +23,7 @@ commit that runs this. In one process, on the embedded SmolLM2 in float32, this 
 - the weights' bytes (each storage once).
 
     python -m benchmarks.probes.fp32_int8 --out benchmarks/results/issue42/fp32_int8.json
+    python -m benchmarks.probes.fp32_int8 --avx2 --products-only --out benchmarks/results/issue42/fp32_int8_avx2.json
 
 It refuses to run where ``dtype="auto"`` is not float32 (a CPU with AVX-512 bf16 or AMX): there the model computes
 in bfloat16 and ``benchmarks.probes.int8_matmul`` measures its paths. The committed JSON says which commit and
@@ -41,6 +43,7 @@ from torch import nn
 from benchmarks.probes.int8_matmul import _linears, _per_row_int8
 from benchmarks.probes.rss_census import _weights_nbytes
 from polykv_agents.bench.stats import mean_interval, median_call_seconds
+from polykv_agents.kernels import build_for_instructions, native_kernel
 from polykv_agents.model.int8_tiles import pack, vector_matmul, vectors_available
 
 DECODE_ROWS = 16
@@ -51,8 +54,9 @@ PYTORCH_KERNEL_MAX_ROWS = 16
 """The most rows PyTorch's int8 kernel is timed at (its float32 rows take 1.2 s a step at 15 rows)."""
 
 
-def step_products(weights: list[torch.Tensor], rows: int, reps: int) -> dict[str, float]:
-    """Median ms of one step's products of ``rows`` random rows with each of ``weights`` (``[N, K]`` float32)."""
+def step_products(weights: list[torch.Tensor], rows: int, reps: int, avx2=None) -> dict[str, float]:
+    """Median ms of one step's products of ``rows`` random rows with each of ``weights`` (``[N, K]`` float32);
+    ``avx2``: the kernel built for AVX2 only, timed beside the usual build (``--avx2``)."""
     codes, scales = zip(*(_per_row_int8(w) for w in weights), strict=True)
     flat = [s[:, 0].contiguous() for s in scales]
     bf16_scales = [s.bfloat16() for s in flat]
@@ -63,6 +67,10 @@ def step_products(weights: list[torch.Tensor], rows: int, reps: int) -> dict[str
         packed = [pack(c) for c in codes]
         formats["native kernel, vector path"] = lambda: [
             vector_matmul(x, p, s) for x, p, s in zip(xs, packed, flat, strict=True)
+        ]
+    if avx2 is not None:
+        formats["native kernel, vector path, AVX2 build"] = lambda: [
+            avx2.int8_linear_float(x, p, s) for x, p, s in zip(xs, packed, flat, strict=True)
         ]
     if rows <= PYTORCH_KERNEL_MAX_ROWS:
         formats["int8 kernel, float32 rows"] = lambda: [
@@ -150,6 +158,8 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--avx2", action="store_true", help="also time the kernel built for AVX2 only (products only)")
+    parser.add_argument("--products-only", action="store_true", help="skip decode and perplexity")
     args = parser.parse_args()
 
     from polykv_agents.bench.provenance import Provenance
@@ -168,7 +178,7 @@ def main() -> None:
             "dtype": "float32",
             "threads": torch.get_num_threads(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "native_vector_path": vectors_available(),
+            "native_vector_path": native_kernel("int8_linear").vector_instructions() if vectors_available() else "",
             "context_tokens": args.context,
             "decode_reps": args.reps,
             "product_reps": args.product_reps,
@@ -178,17 +188,18 @@ def main() -> None:
         "decode_tok_s": {},
     }
     weights = [linear.weight.detach() for linear in _linears(models["native"][0])]
+    avx2 = build_for_instructions("int8_linear", ["-mno-avx512f"]) if args.avx2 and vectors_available() else None
     for rows in args.rows:
         # On the compute thread, which loaded the models: a second thread's OpenMP team would slow every product.
-        step_ms = run_on_compute_thread(step_products, weights, rows, args.product_reps)
+        step_ms = run_on_compute_thread(step_products, weights, rows, args.product_reps, avx2)
         result["step_ms"][str(rows)] = step_ms
         print(rows, "rows, one step's products (ms):", {k: round(v, 1) for k, v in step_ms.items()}, flush=True)
     del weights
-    for agents in (1, 15):
+    for agents in () if args.products_only else (1, 15):
         samples = decode_rates(models, args.context, agents, args.reps)
         result["decode_tok_s"][str(agents)] = samples
         print(agents, "agents, tok/s:", {k: [round(v, 1) for v in vs] for k, vs in samples.items()}, flush=True)
-    if args.documents:
+    if args.documents and not args.products_only:
         result["perplexity"] = run_on_compute_thread(perplexities, models, args.documents, args.tokens)
         for name, row in result["perplexity"]["paths"].items():
             change = row["change_vs_native_pct"]

@@ -31,8 +31,12 @@ from polykv_agents.runtime.scheduler import DECODE_STEP_LABEL as STEP_LABEL
 TOP_OPERATORS = 12
 """Operators listed per configuration, by self time (the rest are summed into groups)."""
 
+_WEIGHT_PRODUCTS = ("aten::mm", "aten::addmm", "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu")
+_NATIVE_INT8 = "polykv::int8_linear"
+"""The native int8 kernel's eager calls and operators, both paths (``polykv_agents/model/int8_tiles.py``)."""
+
 _GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("weights", ("aten::mm", "aten::addmm", "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu")),
+    ("weights", (*_WEIGHT_PRODUCTS, _NATIVE_INT8)),
     ("attention", ("attention", "aten::bmm", "softmax", "logsumexp", "aten::exp", "aten::amax", "aten::maximum")),
     ("cache", ("aten::index_put", "aten::cat", "aten::scatter")),
     ("generated kernels", ("CompiledFxGraph", "cpp_fused")),

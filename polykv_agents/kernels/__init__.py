@@ -10,7 +10,8 @@ per kv head for all of that group's queries, in chunks spread over the threads, 
 a fixed order, so a row's result does not depend on which other groups share its step.
 
 ``int8_linear``: the product of bfloat16 rows with int8 weights on AMX tiles, reading each weight once for all rows
-(:mod:`polykv_agents.model.int8_tiles`); where it cannot run, ``weights="int8"`` keeps PyTorch's int8 kernel.
+(:mod:`polykv_agents.model.int8_tiles`), and of float32 rows with the same weights on AVX-512 or AVX2 vectors (its
+vector path, ``int8_vectors.h``); where neither runs, ``weights="int8"`` keeps PyTorch's int8 kernel.
 
 Set ``POLYKV_AGENTS_KERNELS=0`` to use the PyTorch path only, ``POLYKV_AGENTS_TILES=0`` to keep the kernels but not
 their AMX tile products (then ``runtime="auto"`` keeps a decoded prefix, :mod:`polykv_agents.runtime.residency`,
@@ -87,6 +88,19 @@ def _build(name: str) -> ModuleType | None:
         return None
     finally:
         notice.cancel()
+
+
+def build_for_instructions(name: str, flags: list[str]) -> ModuleType:
+    """The kernel ``name`` built again with extra compiler ``flags`` (say ``-mno-avx512f``: what a CPU with AVX2 only
+    runs), as its own module beside the usual one: how tests and probes check and time another CPU's path here.
+
+    Raises:
+        RuntimeError: No toolchain, or a build that fails (the message says why).
+    """
+    from torch.utils.cpp_extension import load
+
+    suffix = "".join(c if c.isalnum() else "_" for c in "".join(flags))
+    return load(f"polykv_{name}_{suffix}", [str(_SOURCES / f"{name}.cpp")], extra_cflags=[*_FLAGS, *flags])
 
 
 def native_kernel(name: str) -> ModuleType | None:

@@ -11,7 +11,7 @@
 //   out      [M, N]   bfloat16: rows @ (codes * scales)^T
 //
 // Float32 rows (a model that computes in float32: a CPU without AVX-512 bfloat16 or AMX) take the vector path,
-// int8_linear_float, on AVX-512 alone: [M, K] float32 x the same packed codes -> [M, N] float32 (its notes below).
+// int8_linear_float, on AVX-512 or AVX2: [M, K] float32 x the same packed codes -> [M, N] float32 (int8_vectors.h).
 //
 // A thread widens each column block's int8 codes to bfloat16 (exact: |code| <= 127) once, into a scratch that stays
 // in its core's cache, and multiplies them with every 16 rows; the tile
@@ -29,14 +29,7 @@
 #else
 #define POLYKV_INT8_TILES 0
 #endif
-
-
-#if defined(__AVX512F__)
-#define POLYKV_INT8_VECTORS 1
-#include <immintrin.h>
-#else
-#define POLYKV_INT8_VECTORS 0
-#endif
+#include "int8_vectors.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -136,143 +129,6 @@ void column_blocks(const uint16_t* rows, int64_t m, int64_t k_pad, const int8_t*
 #endif
 
 
-#if POLYKV_INT8_VECTORS
-// The vector path, for float32 rows. Every output is one chain of fused multiply-adds over k = 0, 1, ..., K - 1 in
-// float32, started at zero and scaled once at the end, whatever the number of rows and however they are blocked or
-// spread over threads (threads split the columns, never k). So a row's result is bit for bit the same alone or beside
-// any other rows (a decode step's agents, a packed admission chunk, a prefill), which PyTorch's int8 kernel and
-// oneDNN's float32 product do not promise.
-//
-// A thread widens a column block's codes to float32 once, into a [K_pad, 64] scratch (k-major: 64 columns a row,
-// 144 KiB for K = 576, in the core's L2), and multiplies it with ROW_BLOCK rows at a time, their sums in registers
-// (ROW_BLOCK x 4 vectors of 16 floats). The rows are taken ROW_CHUNK at a time, so a prefill chunk's rows stay in L2
-// beside the scratch; a decode step's few rows read each weight from memory once.
-constexpr int64_t ROW_BLOCK = 6, ROW_CHUNK = 96;
-
-// Column block `codes` (its k blocks in the packed layout) -> scratch[k * 64 + c] = code of column c at input k.
-void widen_block_float(const int8_t* codes, int64_t k_blocks, float* scratch) {
-  for (int64_t kb = 0; kb < k_blocks; ++kb)
-    for (int t = 0; t < 4; ++t)
-      for (int pair = 0; pair < 16; ++pair) {
-        // 16 columns x 2 inputs, interleaved: each 16-bit word holds (code at k + 1) << 8 | (code at k, as a byte).
-        const int8_t* src = codes + ((kb * 4 + t) * 16 + pair) * 32;
-        const __m512i words = _mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
-        const __m512 even = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(words, 24), 24));
-        const __m512 odd = _mm512_cvtepi32_ps(_mm512_srai_epi32(words, 8));
-        float* row = scratch + (kb * K_BLOCK + 2 * pair) * N_BLOCK + t * 16;
-        _mm512_store_ps(row, even);
-        _mm512_store_ps(row + N_BLOCK, odd);
-      }
-}
-
-// out[r, n0 : n0 + width] = scales * sum_k rows[r, k] * scratch[k, :] for R rows (each sum one chain over k).
-template <int R>
-inline void row_block_float(const float* rows, int64_t k, const float* scratch, const float* scales, int64_t n,
-                            int64_t n0, int64_t width, float* out) {
-  __m512 sums[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < 4; ++j) sums[r][j] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < k; ++i) {
-    const float* w = scratch + i * N_BLOCK;
-    const __m512 w0 = _mm512_load_ps(w), w1 = _mm512_load_ps(w + 16), w2 = _mm512_load_ps(w + 32),
-                 w3 = _mm512_load_ps(w + 48);
-    for (int r = 0; r < R; ++r) {
-      const __m512 x = _mm512_set1_ps(rows[r * k + i]);
-      sums[r][0] = _mm512_fmadd_ps(x, w0, sums[r][0]);
-      sums[r][1] = _mm512_fmadd_ps(x, w1, sums[r][1]);
-      sums[r][2] = _mm512_fmadd_ps(x, w2, sums[r][2]);
-      sums[r][3] = _mm512_fmadd_ps(x, w3, sums[r][3]);
-    }
-  }
-  for (int j = 0; j < 4; ++j) {
-    const int64_t c0 = j * 16;
-    if (c0 >= width) break;
-    const __mmask16 mask = width - c0 >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (width - c0)) - 1);
-    const __m512 scale = _mm512_maskz_loadu_ps(mask, scales + n0 + c0);
-    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * n + n0 + c0, mask, _mm512_mul_ps(sums[r][j], scale));
-  }
-}
-
-// The same sums for R rows straight from the packed codes, widened in registers (no scratch): what a decode step's
-// few rows take, each code read once per row block. The chain per output is the one above: k = 0, 1, ..., K - 1.
-template <int R>
-inline void row_block_codes(const float* rows, int64_t k, const int8_t* codes, const float* scales, int64_t n,
-                            int64_t n0, int64_t width, float* out) {
-  __m512 sums[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < 4; ++j) sums[r][j] = _mm512_setzero_ps();
-  for (int64_t kb = 0; kb * K_BLOCK < k; ++kb) {
-    const int pairs = static_cast<int>(std::min<int64_t>(16, (k - kb * K_BLOCK + 1) / 2));
-    const bool odd_last = kb * K_BLOCK + 2 * pairs > k;  // K odd: the last pair has no second input
-    for (int t = 0; t < 4; ++t)
-      for (int pair = 0; pair < pairs; ++pair) {
-        const int8_t* src = codes + ((kb * 4 + t) * 16 + pair) * 32;
-        const __m512i words = _mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
-        const __m512 even = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(words, 24), 24));
-        const __m512 odd = _mm512_cvtepi32_ps(_mm512_srai_epi32(words, 8));
-        const int64_t i = kb * K_BLOCK + 2 * pair;
-        for (int r = 0; r < R; ++r) sums[r][t] = _mm512_fmadd_ps(_mm512_set1_ps(rows[r * k + i]), even, sums[r][t]);
-        if (odd_last && pair == pairs - 1) continue;
-        for (int r = 0; r < R; ++r) sums[r][t] = _mm512_fmadd_ps(_mm512_set1_ps(rows[r * k + i + 1]), odd, sums[r][t]);
-      }
-  }
-  for (int j = 0; j < 4; ++j) {
-    const int64_t c0 = j * 16;
-    if (c0 >= width) break;
-    const __mmask16 mask = width - c0 >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (width - c0)) - 1);
-    const __m512 scale = _mm512_maskz_loadu_ps(mask, scales + n0 + c0);
-    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * n + n0 + c0, mask, _mm512_mul_ps(sums[r][j], scale));
-  }
-}
-
-using RowBlock = void (*)(const float*, int64_t, const float*, const float*, int64_t, int64_t, int64_t, float*);
-using RowBlockCodes = void (*)(const float*, int64_t, const int8_t*, const float*, int64_t, int64_t, int64_t, float*);
-constexpr RowBlockCodes ROW_BLOCKS_CODES[ROW_BLOCK + 1] = {nullptr,
-                                                           row_block_codes<1>,
-                                                           row_block_codes<2>,
-                                                           row_block_codes<3>,
-                                                           row_block_codes<4>,
-                                                           row_block_codes<5>,
-                                                           row_block_codes<6>};
-constexpr RowBlock ROW_BLOCKS[ROW_BLOCK + 1] = {nullptr,
-                                                row_block_float<1>,
-                                                row_block_float<2>,
-                                                row_block_float<3>,
-                                                row_block_float<4>,
-                                                row_block_float<5>,
-                                                row_block_float<6>};
-
-// One thread's column blocks [first, last), for every row.
-void column_blocks_float(const float* rows, int64_t m, int64_t k, int64_t k_pad, const int8_t* packed,
-                         const float* scales, int64_t n, float* out, int64_t first, int64_t last) {
-  const int64_t k_blocks = k_pad / K_BLOCK, block_codes = k_blocks * 4 * 512;
-  thread_local std::vector<float> storage;  // reused from call to call: no allocation in a decode step
-  storage.resize(std::max(storage.size(), static_cast<size_t>(k_pad * N_BLOCK + 16)));
-  float* scratch = storage.data() + (16 - reinterpret_cast<uintptr_t>(storage.data()) / 4 % 16) % 16;  // 64 B
-  if (m <= ROW_BLOCK) {
-    for (int64_t block = first; block < last; ++block) {
-      const int64_t n0 = block * N_BLOCK, width = std::min(N_BLOCK, n - n0);
-      for (int64_t r0 = 0; r0 < m; r0 += ROW_BLOCK) {
-        const int64_t r = std::min(ROW_BLOCK, m - r0);
-        ROW_BLOCKS_CODES[r](rows + r0 * k, k, packed + block * block_codes, scales, n, n0, width, out + r0 * n);
-      }
-    }
-    return;
-  }
-  for (int64_t chunk = 0; chunk < m; chunk += ROW_CHUNK) {
-    const int64_t chunk_end = std::min(m, chunk + ROW_CHUNK);
-    for (int64_t block = first; block < last; ++block) {
-      const int64_t n0 = block * N_BLOCK, width = std::min(N_BLOCK, n - n0);
-      widen_block_float(packed + block * block_codes, k_blocks, scratch);
-      for (int64_t r0 = chunk; r0 < chunk_end; r0 += ROW_BLOCK) {
-        const int64_t r = std::min(ROW_BLOCK, chunk_end - r0);
-        ROW_BLOCKS[r](rows + r0 * k, k, scratch, scales, n, n0, width, out + r0 * n);
-      }
-    }
-  }
-}
-#endif
-
 }  // namespace
 
 bool tiles_available() { return POLYKV_INT8_TILES && polykv::tiles_permitted(); }
@@ -309,9 +165,11 @@ at::Tensor int8_linear(const at::Tensor& rows, const at::Tensor& packed, const a
 
 bool vectors_available() { return POLYKV_INT8_VECTORS; }
 
-// rows [M, K] float32 x packed codes (see the head of this file) -> [M, N] float32, on AVX-512 (the vector path).
+std::string vector_instructions() { return polykv::int8_vectors::instructions(); }
+
+// rows [M, K] float32 x packed codes (see the head of this file) -> [M, N] float32 (the vector path).
 at::Tensor int8_linear_float(const at::Tensor& rows, const at::Tensor& packed, const at::Tensor& scales) {
-  TORCH_CHECK(vectors_available(), "int8_linear_float needs AVX-512 (polykv_agents.kernels.int8_linear)");
+  TORCH_CHECK(vectors_available(), "int8_linear_float needs AVX-512 or AVX2 (polykv_agents.kernels.int8_linear)");
   TORCH_CHECK(rows.dim() == 2 && rows.scalar_type() == at::kFloat, "rows must be [M, K] float32");
   TORCH_CHECK(rows.size(0) >= 1, "int8_linear_float needs at least one row");
   TORCH_CHECK(packed.dim() == 6 && packed.scalar_type() == at::kChar && packed.is_contiguous(), "packed: see layout");
@@ -328,7 +186,7 @@ at::Tensor int8_linear_float(const at::Tensor& rows, const at::Tensor& packed, c
   const int8_t* codes = packed.data_ptr<int8_t>();
   const float* scale = scales.data_ptr<float>();
   at::parallel_for(0, n_blocks, 1, [&](int64_t first, int64_t last) {
-    column_blocks_float(in, m, k, k_pad, codes, scale, n, result, first, last);
+    polykv::int8_vectors::column_blocks(in, m, k, k_pad, codes, scale, n, result, first, last);
   });
 #endif
   return out;
@@ -337,6 +195,7 @@ at::Tensor int8_linear_float(const at::Tensor& rows, const at::Tensor& packed, c
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear", &int8_linear, "rows [M, K] bf16 x int8 weights packed for AMX tiles -> [M, N] bf16 (CPU)");
   m.def("int8_linear_float", &int8_linear_float, "rows [M, K] float32 x the same packed int8 weights -> [M, N] float32");
-  m.def("vectors_available", &vectors_available, "whether this build has AVX-512 for int8_linear_float");
+  m.def("vectors_available", &vectors_available, "whether this build has AVX-512 or AVX2 for int8_linear_float");
+  m.def("vector_instructions", &vector_instructions, "the vector path's instructions: avx512, avx2 or empty");
   m.def("tiles_available", &tiles_available, "whether this build and CPU have AMX bfloat16 tiles, granted by the OS");
 }

@@ -1,5 +1,5 @@
 """int8 weights laid out for the native kernel ``int8_linear``, which reads them once per product: on AMX tiles for
-bfloat16 rows, with AVX-512 vectors for float32 rows.
+bfloat16 rows, with AVX-512 or AVX2 vectors for float32 rows.
 
 PyTorch's ``_weight_int8pack_mm`` reads the weight matrix again for every few rows. The kernel widens each int8
 code to bfloat16 in a tile's scratch and multiplies it with every row at once. One decode step's 211 products of
@@ -17,11 +17,11 @@ A prefill chunk runs through it too: a column block's codes are widened once and
 (the weights suite, ``python -m benchmarks weights``, times the prefill with each weight format).
 
 **Float32 rows** (a model in float32: a CPU without AVX-512 bf16 or AMX, where ``dtype="auto"`` is float32) take the
-kernel's vector path, :func:`vector_matmul`, on any CPU with AVX-512: the same layout, each code widened to float32
-in registers (up to 6 rows) or once per column block into a scratch in the core's cache (more rows), and every
-output summed by fused multiply-adds over the inputs in their order. So a row's result is the same bits alone or
-beside any other rows, which PyTorch's int8 kernel is not fast enough to give on float32 rows (a scalar loop) and
-bfloat16-rounded rows did not give (docs/RUNTIME.md, "Which weights by default"). It computes the dequantized
+kernel's vector path, :func:`vector_matmul`, on any CPU with AVX-512 or AVX2 (the same bits on both): the same layout,
+each code widened to float32 in registers (a few rows) or once per column block into a scratch in the core's cache (more
+rows), and every output summed by fused multiply-adds over the inputs in their order. So a row's result is the same bits
+alone or beside any other rows, which PyTorch's int8 kernel is not fast enough to give on float32 rows (a scalar loop)
+and bfloat16-rounded rows did not give (docs/RUNTIME.md, "Which weights by default"). It computes the dequantized
 weight's product in float32 (the activations are not quantized).
 
 The layout (``[N_pad / 64, K_pad / 32, 4, 16, 16, 2]``, ``polykv_agents/kernels/int8_linear.cpp``) replaces the
@@ -41,6 +41,10 @@ TILE_MAX_ROWS = 16
 
 _K_BLOCK, _N_BLOCK = 32, 64
 
+PROFILE_LABEL = "polykv::int8_linear"
+"""What a profiler records an eager call of either path under (a step profile counts it with the weights' products);
+the registered operators, which compiled steps call, carry this name and ``polykv::int8_linear_float``."""
+
 
 def tiles_available() -> bool:
     """Whether the kernel is built, this CPU has AMX bfloat16 tiles granted by the OS, and ``POLYKV_AGENTS_TILES``
@@ -49,15 +53,15 @@ def tiles_available() -> bool:
 
 
 def vectors_available() -> bool:
-    """Whether the kernel is built with its vector path (a CPU with AVX-512): float32 rows x int8 codes."""
+    """Whether the kernel is built with its vector path (a CPU with AVX-512 or AVX2): float32 rows x int8 codes."""
     kernel = native_kernel("int8_linear")
     return kernel is not None and kernel.vectors_available()
 
 
 def kernel_runs(dtype: torch.dtype, device: torch.device | str) -> bool:
     """Whether the kernel multiplies rows of ``dtype`` on ``device`` here: bfloat16 on AMX tiles
-    (:func:`tiles_available`) or float32 with AVX-512 (:func:`vectors_available`), on the CPU. Decided when a layer is
-    quantized: its codes are then stored in the kernel's layout."""
+    (:func:`tiles_available`) or float32 with AVX-512 or AVX2 (:func:`vectors_available`), on the CPU. Decided when
+    a layer is quantized: its codes are then stored in the kernel's layout."""
     if torch.device(device).type != "cpu":
         return False
     return (dtype == torch.bfloat16 and tiles_available()) or (dtype == torch.float32 and vectors_available())
@@ -91,9 +95,13 @@ def tile_matmul(rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) 
     """``rows [M, K]`` bf16 times the weights ``packed`` codes x ``scales [N]`` (float32): ``[M, N]`` bf16.
 
     Eager calls go straight to the kernel (a custom operator's dispatch costs about 10 us, 2 ms a step for the
-    embedded model's 211 products); inside ``torch.compile`` the registered operator stands in for it."""
+    embedded model's 211 products), under :data:`PROFILE_LABEL` while a profiler records; inside ``torch.compile``
+    the registered operator stands in for it."""
     if torch.compiler.is_compiling():
         return torch.ops.polykv.int8_linear(rows, packed, scales)
+    if torch.autograd.profiler._is_profiler_enabled:
+        with torch.profiler.record_function(PROFILE_LABEL):
+            return _kernel().int8_linear(rows, packed, scales)
     return _kernel().int8_linear(rows, packed, scales)
 
 
@@ -102,6 +110,9 @@ def vector_matmul(rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor
     kernel's vector path (eager calls go straight to it, as in :func:`tile_matmul`)."""
     if torch.compiler.is_compiling():
         return torch.ops.polykv.int8_linear_float(rows, packed, scales)
+    if torch.autograd.profiler._is_profiler_enabled:
+        with torch.profiler.record_function(PROFILE_LABEL):
+            return _kernel().int8_linear_float(rows, packed, scales)
     return _kernel().int8_linear_float(rows, packed, scales)
 
 

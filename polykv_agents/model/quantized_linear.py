@@ -16,8 +16,9 @@ prefill chunk) slower. So:
   kernel ``int8_linear`` (:mod:`~polykv_agents.model.int8_tiles`), which reads each weight once for up to 16 rows:
   one step's products of the embedded model took 10.1 ms at 1 row and 10.7 at 15 against 12.3 and 45.9 ms with
   ``_weight_int8pack_mm``, whose cost grows by a pass over the weights every 4 rows (the int8 probe, below). In a
-  float32 model on a CPU with AVX-512 it stores them in the same layout for the kernel's vector path (float32 rows,
-  :func:`~polykv_agents.model.int8_tiles.vector_matmul`; ``benchmarks.probes.fp32_int8`` measures it).
+  float32 model on a CPU with AVX-512 or AVX2 it stores them in the same layout for the kernel's vector path
+  (float32 rows, :func:`~polykv_agents.model.int8_tiles.vector_matmul`; ``benchmarks.probes.fp32_int8`` measures
+  it).
   Elsewhere it uses ``_weight_int8pack_mm`` up to :data:`KERNEL_MAX_ROWS` rows. Above that (a prefill chunk) it
   widens the weight to the activations' dtype for an ordinary matrix product, which reads the weight once for
   hundreds of rows;
@@ -102,7 +103,7 @@ class Int8Linear(_QuantizedLinear):
     """A linear layer with symmetric int8 weights, one scale per output channel.
 
     Buffers: ``qweight`` the int8 codes, ``[N, K]``, or where the native kernel runs (:attr:`tiled`: a bfloat16
-    model on a CPU with AMX tiles, or a float32 one on a CPU with AVX-512,
+    model on a CPU with AMX tiles, or a float32 one on a CPU with AVX-512 or AVX2,
     :func:`~polykv_agents.model.int8_tiles.kernel_runs`) in its layout (:mod:`~polykv_agents.model.int8_tiles`);
     ``scales [N]`` in the model's dtype, float32 when tiled (the same values: the kernel scales its float sums).
     """

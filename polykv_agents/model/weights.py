@@ -74,15 +74,15 @@ def resolve_weights(weights: object, dtype: torch.dtype | None, device: torch.de
 
     ``auto``: ``$POLYKV_WEIGHTS`` where it is set; else ``int8`` where the native int8 kernel runs
     (:func:`~polykv_agents.model.int8_tiles.kernel_runs`: a bfloat16 model on a CPU with AMX tiles, or a float32 model
-    on a CPU with AVX-512), else ``native``. On the tiles, int8 weights decode faster than the native ones for 1 to 16
-    agents, make the process smaller and change perplexity by +0.13% [-0.12, +0.38], the int8 input embedding
+    on a CPU with AVX-512 or AVX2), else ``native``. On the tiles, int8 weights decode faster than the native ones for 1
+    to 16 agents, make the process smaller and change perplexity by +0.13% [-0.12, +0.38], the int8 input embedding
     included (``benchmarks/results/issue42/int8_matmul_embedding.json``), and task scores on two model families by at
     most 2 items in 70, measured before the embedding read int8 codes (``benchmarks/results/issue42/weights_tasks``;
-    docs/RUNTIME.md, "Which weights by default"). In float32, the kernel's vector path took one step's products in
-    about half the time of the float32 weights at 1 to 16 rows, a quarter of the weights' bytes
+    docs/RUNTIME.md, "Which weights by default"). In float32, the kernel's vector path took one step's products in about
+    half the time of the float32 weights at 1 to 16 rows, a quarter of the weights' bytes
     (``benchmarks/results/issue42/fp32_int8.json``; docs/RUNTIME.md, the same section). On both paths a row's result
-    does not depend on the other rows of its step. Without the kernel, PyTorch's int8 kernel is slower than
-    bfloat16 above a few rows and runs a scalar loop on float32 rows, so the model keeps its weights.
+    does not depend on the other rows of its step. Without the kernel, PyTorch's int8 kernel is slower than bfloat16
+    above a few rows and runs a scalar loop on float32 rows, so the model keeps its weights.
 
     Raises:
         ValueError: An unknown name, here or in ``POLYKV_WEIGHTS``.

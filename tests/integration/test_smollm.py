@@ -162,13 +162,20 @@ def test_in_bf16_the_pool_is_the_same_and_the_agent_still_answers(smollm, chat_d
     assert "risks" in answer.lower()
 
 
+@pytest.fixture(scope="module")
+def native_smollm():
+    """The embedded model with its own weights (what ``weights="auto"`` is not where the int8 kernel runs): what the
+    quantizing tests start from."""
+    return load_model(weights="native")
+
+
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 def test_with_quantized_weights_the_pool_is_the_same_and_the_agent_still_answers(
-    smollm, chat_document, compressed_pool, weights
+    native_smollm, chat_document, compressed_pool, weights
 ):
     """weights="int8"/"int4" on the real model: every linear layer swapped, one pool digest with the native
     model, and the agent answers the task from the pool its own model built."""
-    model, tokenizer = smollm
+    model, tokenizer = native_smollm
     # The fp32 model (the tests' dtype): its int4 layers run the kernel in bf16, whose fp32 path is about 100x
     # slower (this test took minutes on it).
     quantized = copy.deepcopy(model)
@@ -180,13 +187,13 @@ def test_with_quantized_weights_the_pool_is_the_same_and_the_agent_still_answers
     assert sum(word in answer for word in ("drought", "mains", "workforce")) >= 2, answer
 
 
-def test_int8_weights_in_bfloat16_decode_through_the_tile_kernel_and_still_answer(smollm, chat_document):
+def test_int8_weights_in_bfloat16_decode_through_the_tile_kernel_and_still_answer(native_smollm, chat_document):
     """A bfloat16 model with int8 weights (on a CPU with AMX tiles, every decode step's products run the int8
     tile kernel, which reads each weight once for all rows) answers the task from its pool."""
     from polykv_agents.model.int8_tiles import tiles_available
     from polykv_agents.model.quantized_linear import Int8Linear
 
-    model, tokenizer = smollm
+    model, tokenizer = native_smollm
     quantized = copy.deepcopy(model).bfloat16()
     quantize_weights(quantized, "int8")
     layers = [m for m in quantized.modules() if isinstance(m, Int8Linear)]

@@ -46,7 +46,7 @@ def test_bench_agents_runs_on_a_tiny_model_and_its_json_renders(tiny_model_dir, 
     assert row["naive_rows_identical"] == 2  # fp32, greedy: the naive baseline decodes the runtime's tokens
     assert [p.name for p in out.iterdir()] == [f"agents_{row['context_tokens']}.json"]  # the defaults' file
     # an fp32 tiny model: auto keeps the decoded prefix (the tile kernels take bf16), and int8 weights where the int8
-    # kernel's vector path runs (AVX-512), the native ones elsewhere
+    # kernel's vector path runs (AVX-512 or AVX2), the native ones elsewhere
     weights = "int8" if vectors_available() else "native"
     assert (row["runtime"], row["weights"], row["defaults"]) == ("decompressed", weights, True)
     rendered = SUITES["agents"].render(out)

@@ -1,6 +1,6 @@
-"""The int8 kernel's vector path (float32 rows, AVX-512) computes the weight-only int8 product, each row's bits the
-same alone and beside any others, in eager mode and inside ``torch.compile``; a float32 layer stores its codes in the
-kernel's layout only where the path runs."""
+"""The int8 kernel's vector path (float32 rows, AVX-512 or AVX2) computes the weight-only int8 product, each row's
+bits the same alone and beside any others and on either instruction set, in eager mode and inside ``torch.compile``; a
+float32 layer stores its codes in the kernel's layout only where the path runs."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ ROWS = [1, 3, 6, 7, 15, 16, 17, 40, 130]
 def vectors():
     require_native_kernel("int8_linear")
     if not vectors_available():
-        pytest.skip("this CPU (or this build) has no AVX-512: float32 models keep native weights")
+        pytest.skip("this CPU (or this build) has neither AVX-512 nor AVX2: float32 models keep native weights")
 
 
 def _codes_and_scales(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,6 +54,23 @@ def test_a_row_gets_the_same_bits_alone_and_beside_any_others(vectors, shape):
     for rows in ROWS:
         assert torch.equal(vector_matmul(x[:rows], packed, scales), alone[:rows]), rows
     assert torch.equal(vector_matmul(x[5:29], packed, scales), alone[5:29])  # rows of another step, another order
+
+
+def test_an_avx2_build_gives_the_avx512_build_s_bits(vectors):
+    """A laptop without AVX-512 runs the AVX2 build (8 columns an instruction instead of 16); each output is the same
+    chain of fused multiply-adds, so it gives the same bits, at every row count."""
+    from polykv_agents.kernels import build_for_instructions, native_kernel
+
+    if native_kernel("int8_linear").vector_instructions() != "avx512":
+        pytest.skip("the usual build here is not AVX-512's")
+    avx2 = build_for_instructions("int8_linear", ["-mno-avx512f"])
+    assert avx2.vector_instructions() == "avx2" and not avx2.tiles_available()
+    for shape in SHAPES:
+        codes, scales = _codes_and_scales(*shape, seed=2)
+        packed = pack(codes)
+        for rows in ROWS:
+            x = torch.randn(rows, shape[1])
+            assert torch.equal(avx2.int8_linear_float(x, packed, scales), vector_matmul(x, packed, scales))
 
 
 def test_the_vector_path_refuses_what_it_cannot_take(vectors):
