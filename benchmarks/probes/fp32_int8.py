@@ -23,7 +23,8 @@ commit that runs this. In one process, on the embedded SmolLM2 in float32, this 
 - the weights' bytes (each storage once).
 
     python -m benchmarks.probes.fp32_int8 --out benchmarks/results/issue42/fp32_int8.json
-    python -m benchmarks.probes.fp32_int8 --avx2 --products-only --out benchmarks/results/issue42/fp32_int8_avx2.json
+    ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 python -m \
+        benchmarks.probes.fp32_int8 --avx2 --products-only --out benchmarks/results/issue42/fp32_int8_avx2.json
 
 It refuses to run where ``dtype="auto"`` is not float32 (a CPU with AVX-512 bf16 or AMX): there the model computes
 in bfloat16 and ``benchmarks.probes.int8_matmul`` measures its paths. The committed JSON says which commit and
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -49,6 +51,10 @@ from polykv_agents.model.int8_tiles import pack, vector_matmul, vectors_availabl
 DECODE_ROWS = 16
 """Tokens per forward on the decode path: ``KERNEL_MAX_ROWS``, the most rows ``Int8Linear`` sends to PyTorch's kernel
 (where the native kernel does not run)."""
+
+INSTRUCTION_LIMITS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+"""Environment variables that hold PyTorch's, MKL's and oneDNN's kernels to fewer instructions (say AVX2, to time the
+float32 weights as a CPU without AVX-512 runs them beside the AVX2 build); recorded with the result."""
 
 PYTORCH_KERNEL_MAX_ROWS = 16
 """The most rows PyTorch's int8 kernel is timed at (its float32 rows take 1.2 s a step at 15 rows)."""
@@ -179,6 +185,7 @@ def main() -> None:
             "threads": torch.get_num_threads(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "native_vector_path": native_kernel("int8_linear").vector_instructions() if vectors_available() else "",
+            "instruction_limits": {name: os.environ.get(name) for name in INSTRUCTION_LIMITS},
             "context_tokens": args.context,
             "decode_reps": args.reps,
             "product_reps": args.product_reps,
