@@ -56,6 +56,18 @@ def test_a_row_gets_the_same_bits_alone_and_beside_any_others(vectors, shape):
     assert torch.equal(vector_matmul(x[5:29], packed, scales), alone[5:29])  # rows of another step, another order
 
 
+@pytest.mark.parametrize("rows", [2, 7])
+def test_an_odd_input_count_reads_nothing_past_a_row_s_end(vectors, rows):
+    """The last pair of an odd K has no second input: its padded code is zero, but a product with the next row's first
+    input would still turn an infinity there into NaN for this row."""
+    codes, scales = _codes_and_scales(70, 33, seed=3)
+    x = torch.randn(rows, 33)
+    x[1:, 0] = float("inf")  # every row but the first starts with an infinity
+    out = vector_matmul(x, pack(codes), scales)
+    assert out[0].isfinite().all()
+    assert torch.equal(out[0], vector_matmul(x[:1], pack(codes), scales)[0])
+
+
 def test_an_avx2_build_gives_the_avx512_build_s_bits(vectors):
     """A laptop without AVX-512 runs the AVX2 build (8 columns an instruction instead of 16); each output is the same
     chain of fused multiply-adds, so it gives the same bits, at every row count."""
