@@ -99,7 +99,7 @@ def tile_matmul(rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) 
     the registered operator stands in for it."""
     if torch.compiler.is_compiling():
         return torch.ops.polykv.int8_linear(rows, packed, scales)
-    if torch.autograd.profiler._is_profiler_enabled:
+    if _profiling():
         with torch.profiler.record_function(PROFILE_LABEL):
             return _kernel().int8_linear(rows, packed, scales)
     return _kernel().int8_linear(rows, packed, scales)
@@ -110,10 +110,15 @@ def vector_matmul(rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor
     kernel's vector path (eager calls go straight to it, as in :func:`tile_matmul`)."""
     if torch.compiler.is_compiling():
         return torch.ops.polykv.int8_linear_float(rows, packed, scales)
-    if torch.autograd.profiler._is_profiler_enabled:
+    if _profiling():
         with torch.profiler.record_function(PROFILE_LABEL):
             return _kernel().int8_linear_float(rows, packed, scales)
     return _kernel().int8_linear_float(rows, packed, scales)
+
+
+def _profiling() -> bool:
+    """Whether a profiler records (PyTorch's own flag; where a version lacks it, calls are not labelled)."""
+    return getattr(torch.autograd.profiler, "_is_profiler_enabled", False)
 
 
 @functools.cache
