@@ -129,6 +129,25 @@ void column_blocks(const uint16_t* rows, int64_t m, int64_t k_pad, const int8_t*
 #endif
 
 
+// What both paths check of their operands, and the sizes they read from them.
+struct Operands {
+  int64_t m, k, n, k_pad, n_blocks;
+};
+
+Operands check_operands(const at::Tensor& rows, const at::Tensor& packed, const at::Tensor& scales,
+                        at::ScalarType row_type, const char* row_name, const char* op) {
+  TORCH_CHECK(rows.dim() == 2 && rows.scalar_type() == row_type, "rows must be [M, K] ", row_name);
+  TORCH_CHECK(rows.size(0) >= 1, op, " needs at least one row");
+  TORCH_CHECK(packed.dim() == 6 && packed.scalar_type() == at::kChar && packed.is_contiguous(), "packed: see layout");
+  TORCH_CHECK(scales.dim() == 1 && scales.scalar_type() == at::kFloat && scales.is_contiguous(), "scales: [N] float");
+  const Operands o{rows.size(0), rows.size(1), scales.size(0), packed.size(1) * K_BLOCK, packed.size(0)};
+  TORCH_CHECK(o.k <= o.k_pad && o.k_pad - o.k < K_BLOCK && o.n <= o.n_blocks * N_BLOCK &&
+                  o.n_blocks * N_BLOCK - o.n < N_BLOCK,
+              "packed weights [", o.n_blocks * N_BLOCK, ", ", o.k_pad, "] do not fit rows of ", o.k, " and ", o.n,
+              " scales");
+  return o;
+}
+
 }  // namespace
 
 bool tiles_available() { return POLYKV_INT8_TILES && polykv::tiles_permitted(); }
@@ -136,14 +155,9 @@ bool tiles_available() { return POLYKV_INT8_TILES && polykv::tiles_permitted(); 
 // rows [M, K] bfloat16 x packed codes (see the head of this file) -> [M, N] bfloat16.
 at::Tensor int8_linear(const at::Tensor& rows, const at::Tensor& packed, const at::Tensor& scales) {
   TORCH_CHECK(tiles_available(), "int8_linear needs AMX bfloat16 tiles (polykv_agents.kernels.int8_linear)");
-  TORCH_CHECK(rows.dim() == 2 && rows.scalar_type() == at::kBFloat16, "rows must be [M, K] bfloat16");
-  TORCH_CHECK(rows.size(0) >= 1, "int8_linear needs at least one row");
-  TORCH_CHECK(packed.dim() == 6 && packed.scalar_type() == at::kChar && packed.is_contiguous(), "packed: see layout");
-  TORCH_CHECK(scales.dim() == 1 && scales.scalar_type() == at::kFloat && scales.is_contiguous(), "scales: [N] float");
-  const int64_t m = rows.size(0), k = rows.size(1), n = scales.size(0);
-  const int64_t k_pad = packed.size(1) * K_BLOCK, n_blocks = packed.size(0);
-  TORCH_CHECK(k <= k_pad && k_pad - k < K_BLOCK && n <= n_blocks * N_BLOCK && n_blocks * N_BLOCK - n < N_BLOCK,
-              "packed weights [", n_blocks * N_BLOCK, ", ", k_pad, "] do not fit rows of ", k, " and ", n, " scales");
+  // Plain copies, not structured bindings: the parallel loop's lambda captures them (C++17 forbids bindings there).
+  const Operands o = check_operands(rows, packed, scales, at::kBFloat16, "bfloat16", "int8_linear");
+  const int64_t m = o.m, k = o.k, n = o.n, k_pad = o.k_pad, n_blocks = o.n_blocks;
   // Up to 16 rows fill one tile's rows; more are padded with zero rows to whole tiles, and the input to K_pad, so
   // every tile load reads whole blocks.
   const int64_t m_pad = m <= MAX_ROWS ? m : (m + MAX_ROWS - 1) / MAX_ROWS * MAX_ROWS;
@@ -170,14 +184,8 @@ std::string vector_instructions() { return polykv::int8_vectors::instructions();
 // rows [M, K] float32 x packed codes (see the head of this file) -> [M, N] float32 (the vector path).
 at::Tensor int8_linear_float(const at::Tensor& rows, const at::Tensor& packed, const at::Tensor& scales) {
   TORCH_CHECK(vectors_available(), "int8_linear_float needs AVX-512 or AVX2 (polykv_agents.kernels.int8_linear)");
-  TORCH_CHECK(rows.dim() == 2 && rows.scalar_type() == at::kFloat, "rows must be [M, K] float32");
-  TORCH_CHECK(rows.size(0) >= 1, "int8_linear_float needs at least one row");
-  TORCH_CHECK(packed.dim() == 6 && packed.scalar_type() == at::kChar && packed.is_contiguous(), "packed: see layout");
-  TORCH_CHECK(scales.dim() == 1 && scales.scalar_type() == at::kFloat && scales.is_contiguous(), "scales: [N] float");
-  const int64_t m = rows.size(0), k = rows.size(1), n = scales.size(0);
-  const int64_t k_pad = packed.size(1) * K_BLOCK, n_blocks = packed.size(0);
-  TORCH_CHECK(k <= k_pad && k_pad - k < K_BLOCK && n <= n_blocks * N_BLOCK && n_blocks * N_BLOCK - n < N_BLOCK,
-              "packed weights [", n_blocks * N_BLOCK, ", ", k_pad, "] do not fit rows of ", k, " and ", n, " scales");
+  const Operands o = check_operands(rows, packed, scales, at::kFloat, "float32", "int8_linear_float");
+  const int64_t m = o.m, k = o.k, n = o.n, k_pad = o.k_pad, n_blocks = o.n_blocks;
   const auto input = rows.contiguous();
   auto out = at::empty({m, n}, rows.options());
 #if POLYKV_INT8_VECTORS
@@ -194,7 +202,7 @@ at::Tensor int8_linear_float(const at::Tensor& rows, const at::Tensor& packed, c
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear", &int8_linear, "rows [M, K] bf16 x int8 weights packed for AMX tiles -> [M, N] bf16 (CPU)");
-  m.def("int8_linear_float", &int8_linear_float, "rows [M, K] float32 x the same packed int8 weights -> [M, N] float32");
+  m.def("int8_linear_float", &int8_linear_float, "rows [M, K] float32 x the packed int8 weights -> [M, N] float32");
   m.def("vectors_available", &vectors_available, "whether this build has AVX-512 or AVX2 for int8_linear_float");
   m.def("vector_instructions", &vector_instructions, "the vector path's instructions: avx512, avx2 or empty");
   m.def("tiles_available", &tiles_available, "whether this build and CPU have AMX bfloat16 tiles, granted by the OS");
